@@ -1,0 +1,52 @@
+"""The `malleable` command: a click group whose subcommands live with their subpackage.
+
+Each subcommand is registered below as ``name -> "module:attribute"`` and
+imported only when it is invoked (or listed by ``--help``), so ``malleable
+--version`` and shell completion stay fast and a broken optional dependency
+in one subpackage cannot break the others.
+
+Exit codes, for every subcommand: 0 success, 1 the operation failed, 2 bad
+input (a usage error, a bad value, an unusable file) with a one-line message
+naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from malleable import __version__
+
+# name -> "module:attribute" of a click command or group. Adding a command is one line here.
+COMMANDS: dict[str, str] = {}
+
+
+class LazyGroup(click.Group):
+    """A click group that imports each registered subcommand on first use."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module_name, attr = self.lazy[name].split(":")
+            return getattr(importlib.import_module(module_name), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="malleable")
+def main() -> None:
+    """Reallocate GPUs among malleable ML training jobs on Slurm.
+
+    malleable runs beside slurmctld: it polls Slurm, reads the progress that
+    malleable jobs log, estimates how each job speeds up with GPUs and how much
+    work it has left, and resizes jobs through Slurm (pending resize, in-place
+    shrink, checkpoint-requeue) so that jobs finish sooner on average.
+    Rigid jobs are never touched.
+    """

@@ -1,0 +1,111 @@
+"""scripts/slurm-harness itself: lifecycle, idempotence, and refusal of bad input.
+
+These start their own small harnesses (separate directories and ports) beside
+the session's cluster, which also shows that two harnesses coexist.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import HARNESS, free_port_block
+
+pytestmark = pytest.mark.slow
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the harness runs as root only")
+
+
+def harness(*args: str, user: str | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, str(HARNESS), *args]
+    if user:
+        argv = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
+def processes_under(directory: Path) -> list[str]:
+    """Command lines of live processes that mention ``directory``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name == str(os.getpid()) or str(HARNESS) in argv:
+            continue
+        if str(directory) in argv:
+            found.append(argv.strip())
+    return found
+
+
+@needs_root
+def test_up_down_twice_leaves_nothing(tmp_path):
+    d = tmp_path / "h"
+    base = free_port_block(3)
+    for _ in range(2):
+        up = harness("up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2",
+                     "--ctld-port", str(base), "--node-port-base", str(base + 1))
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == f"export SLURM_CONF={d}/slurm.conf"
+        # Idempotent: a second `up` finds it running and only prints the line again.
+        again = harness("up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2",
+                        "--ctld-port", str(base), "--node-port-base", str(base + 1))
+        assert again.returncode == 0 and again.stdout == up.stdout
+        assert harness("env", "--dir", str(d)).stdout == up.stdout
+        status = harness("status", "--dir", str(d))
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "node1" in status.stdout and "gpu:2" in status.stdout
+        assert len(processes_under(d)) >= 4  # munged, slurmctld, 2 x slurmd
+        down = harness("down", "--dir", str(d))
+        assert down.returncode == 0, down.stderr
+        assert processes_under(d) == []
+        assert not d.exists()
+        down = harness("down", "--dir", str(d))
+        assert down.returncode == 0 and "stopped nothing" in down.stdout
+
+
+def assert_refused(proc: subprocess.CompletedProcess, *words: str, d: Path) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert processes_under(d) == []
+    assert not d.exists()
+
+
+@needs_root
+@pytest.mark.parametrize("args,words", [
+    (["--nodes", "0"], ["--nodes", "0"]),
+    (["--gpus-per-node", "-1"], ["--gpus-per-node", "-1"]),
+    (["--nodes", "many"], ["--nodes", "many"]),
+])
+def test_bad_sizes_refused(tmp_path, args, words):
+    d = tmp_path / "h"
+    assert_refused(harness("up", "--dir", str(d), *args), *words, d=d)
+
+
+@needs_root
+def test_port_in_use_refused(tmp_path):
+    d = tmp_path / "h"
+    base = free_port_block(5)
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", base + 2))
+        s.listen()
+        proc = harness("up", "--dir", str(d), "--ctld-port", str(base),
+                       "--node-port-base", str(base + 1))
+    assert_refused(proc, f"port {base + 2}", "in use", d=d)
+
+
+@needs_root
+def test_non_root_refused(tmp_path):
+    d = tmp_path / "h"
+    proc = harness("up", "--dir", str(d), user="nobody")
+    assert_refused(proc, "root", d=d)

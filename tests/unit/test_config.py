@@ -1,0 +1,61 @@
+"""Configuration: defaults, TOML parsing, validation messages, environment overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from malleable.config import ConfigError, load_config, parse_config
+
+
+def test_defaults_without_file(tmp_path):
+    cfg = parse_config({}, env={})
+    assert cfg.daemon.poll_interval_s == 30.0
+    assert cfg.daemon.decide_interval_s == 60.0
+    assert cfg.policy.name == "default"
+    assert cfg.database.url.startswith("sqlite:///")
+
+
+def test_file_values_and_int_to_float(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('[daemon]\ndecide_interval_s = 120\n[policy]\nname = "las"\nparams = {p = 0.5}\n')
+    cfg = load_config(p, env={})
+    assert cfg.daemon.decide_interval_s == 120.0 and isinstance(cfg.daemon.decide_interval_s, float)
+    assert cfg.policy.name == "las" and cfg.policy.params == {"p": 0.5}
+    assert cfg.source == str(p)
+
+
+def test_env_overrides_database_url(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('[database]\nurl = "sqlite:////tmp/a.db"\n')
+    cfg = load_config(p, env={"MALLEABLE_DATABASE_URL": "sqlite:////tmp/b.db"})
+    assert cfg.database.url == "sqlite:////tmp/b.db"
+
+
+@pytest.mark.parametrize("text,words", [
+    ('[daemon]\npoll_interval_s = "fast"\n', ["daemon.poll_interval_s", "'fast'", "expected number"]),
+    ('[daemon]\ndry_run = 1\n', ["daemon.dry_run", "expected boolean"]),
+    ('[daemon]\nmax_concurrent_requeues = true\n', ["daemon.max_concurrent_requeues", "expected integer"]),
+    ('[daemon]\npoll_interval_s = -5\n', ["daemon.poll_interval_s", ">= 0"]),
+    ('[daemon]\nlog_level = "LOUD"\n', ["daemon.log_level", "LOUD", "one of"]),
+    ('[daemon]\npoll_every = 3\n', ["daemon.poll_every", "unknown key"]),
+    ('[deamon]\n', ["[deamon]", "unknown section"]),
+    ('daemon = 3\n', ["[daemon]", "expected a table"]),
+    ('[daemon\n', ["not valid TOML"]),
+])
+def test_bad_values_name_key_and_value(tmp_path, text, words):
+    p = tmp_path / "m.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(p, env={})
+    for w in words:
+        assert w in str(exc.value)
+
+
+def test_missing_explicit_file_is_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml", env={})
+
+
+def test_missing_default_file_gives_defaults(tmp_path, monkeypatch):
+    monkeypatch.setattr("malleable.config.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    assert load_config(env={}).source == "<defaults>"
