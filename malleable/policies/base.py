@@ -124,7 +124,7 @@ class JobSet:
         for name, ok, what in checks:
             if not np.all(ok):
                 i = int(np.flatnonzero(~ok)[0])
-                raise ValueError(f"JobSet.{name} of job {ids[i]!s} = {getattr(self, name)[i]!r}: "
+                raise ValueError(f"JobSet.{name} of job {ids[i]!s} = {getattr(self, name)[i].item()!r}: "
                                  f"expected {what}")
         t = self.table
         for name, arr, ok_fn in (
@@ -133,13 +133,13 @@ class JobSet:
             ok = ok_fn(arr)
             if not np.all(ok):
                 i = int(np.flatnonzero(~ok)[0])
-                raise ValueError(f"JobSet.{name} of job {ids[i]!s} = {arr[i]!r}: "
+                raise ValueError(f"JobSet.{name} of job {ids[i]!s} = {arr[i].item()!r}: "
                                  f"expected finite and >= 0")
         bad = ~(np.isfinite(t.goodput) & (t.goodput >= 0))
         if np.any(bad):
             i, c = (int(x) for x in np.argwhere(bad)[0])
             raise ValueError(f"JobSet.table.goodput of job {ids[i]!s} at k={int(t.k[c])} = "
-                             f"{t.goodput[i, c]!r}: expected finite and >= 0")
+                             f"{t.goodput[i, c].item()!r}: expected finite and >= 0")
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -230,7 +230,7 @@ class Context:
         bad = ~np.isfinite(h) | (h < 0)
         if np.any(bad):
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"Context.size_history[{i}] = {h[i]!r}: expected finite and >= 0")
+            raise ValueError(f"Context.size_history[{i}] = {h[i].item()!r}: expected finite and >= 0")
         object.__setattr__(self, "size_history", h)
 
 

@@ -77,6 +77,21 @@ class Packer:
                 return r
         return 0
 
+    def cap_without(self, j: int) -> int:
+        """`cap` as it would be if job j were taken off its nodes (nothing changes)."""
+        where = self.where.get(j)
+        if not where:
+            return self.cap()
+        g = self.g
+        whole = len(self.buckets[g])
+        if len(where) > 1 or where[0][1] == g:
+            return (whole + len(where)) * g
+        node, used = where[0]
+        after = self.free[node] + used
+        if after == g:
+            return (whole + 1) * g
+        return whole * g if whole else max(self.cap(), after)
+
     def size(self, j: int) -> int:
         """GPUs job j holds in this packing (0 if not placed)."""
         return sum(used for _, used in self.where.get(j, ()))
@@ -134,6 +149,38 @@ class Packer:
             return True
         self.restore(j, old)
         return False
+
+    def repack(self, resize: tuple[int, int] | None = None) -> bool:
+        """Re-place every job from scratch, largest first (best-fit decreasing).
+
+        Placement is notional (Slurm places the jobs), so jobs may move; this
+        undoes the fragmentation that placing jobs in priority order leaves.
+        The new packing is kept if it fits every job (best-fit decreasing
+        almost always does; if not, nothing changes).
+
+        Args:
+            resize: (job, GPUs): re-place that job at a new size at the same time.
+
+        Returns:
+            True if the jobs were re-placed.
+        """
+        want = {j: self.size(j) for j in self.where}
+        if resize is not None:
+            want[resize[0]] = resize[1]
+        sizes = sorted(((k, j) for j, k in want.items() if k > 0), key=lambda kj: (-kj[0], kj[1]))
+        fresh = Packer(self.g, np.asarray(self.free) + self._used())
+        for k, j in sizes:
+            if not fresh.place(j, k):
+                return False
+        self.free, self.buckets, self.where = fresh.free, fresh.buckets, fresh.where
+        return True
+
+    def _used(self) -> np.ndarray:
+        used = np.zeros(len(self.free), dtype=np.int64)
+        for spots in self.where.values():
+            for node, n in spots:
+                used[node] += n
+        return used
 
     def placement(self) -> dict[int, tuple[tuple[int, int], ...]]:
         """Job -> ((node, GPUs), ...): the witness that the allocation packs."""
@@ -300,6 +347,8 @@ def realize(jobs: JobSet, capacity: Capacity, wish: np.ndarray, order: np.ndarra
 
     # Pass 3: fill what is left.
     if fill == "priority":
+        if packer.cap():
+            packer.repack()
         for j in order_l:
             if j in preplaced or exact_l[j]:
                 continue
@@ -313,6 +362,9 @@ def realize(jobs: JobSet, capacity: Capacity, wish: np.ndarray, order: np.ndarra
         skip = preplaced | {j for j in range(J) if exact_l[j]}
         anchor_l = [-1] * J if anchor is None else [int(a) for a in anchor]
         _heap_fill(grid, packer, alloc, rank, skip, fill, value, window, anchor_l)
+        # Placing in priority order can fragment nodes; repack and fill again once.
+        if packer.cap() and packer.repack():
+            _heap_fill(grid, packer, alloc, rank, skip, fill, value, window, anchor_l)
     return np.asarray([klist[c] for c in alloc], dtype=np.int64)
 
 
@@ -367,36 +419,26 @@ def _heap_fill(grid: Grid, packer: Packer, alloc: list[int], rank: list[int], sk
         b = nxt[j][a]
         return (float(klist[a]), b) if b >= 0 and klist[b] <= cap else (math.inf, -1)
 
-    cap = packer.cap()
+    cap0 = packer.cap()
     for j in range(len(alloc)):
         if j in skip:
             continue
-        old = packer.remove(j)
-        kk, b = key(j, packer.cap())
-        packer.restore(j, old)
+        kk, b = key(j, packer.cap_without(j) if alloc[j] else cap0)
         if b >= 0:
             heap.append((kk, rank[j], j, b))
     heapq.heapify(heap)
     while heap:
         kk, r, j, b = heapq.heappop(heap)
-        old = packer.remove(j)
-        cap = packer.cap()
-        k2, b2 = key(j, cap)
+        k2, b2 = key(j, packer.cap_without(j))
         if b2 < 0:
-            packer.restore(j, old)
             continue
         if b2 != b or k2 > kk + 1e-12:
-            packer.restore(j, old)
             heapq.heappush(heap, (k2, r, j, b2))
             continue
-        if packer.place(j, klist[b2]):
-            alloc[j] = b2
-        else:  # cannot happen: klist[b2] <= cap and feasible; keep the job as it was
-            packer.restore(j, old)
+        if not packer.resize(j, klist[b2]):  # cannot happen: klist[b2] fits once j is freed
             continue
-        old = packer.remove(j)
-        k3, b3 = key(j, packer.cap())
-        packer.restore(j, old)
+        alloc[j] = b2
+        k3, b3 = key(j, packer.cap_without(j))
         if b3 >= 0:
             heapq.heappush(heap, (k3, r, j, b3))
 

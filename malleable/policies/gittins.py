@@ -33,6 +33,9 @@ smallest index (it still receives GPUs no one else can use).
 
 Starvation: a pending job that waited ``starve_s`` seconds is placed first
 (`malleable.policies.starvation`).
+
+Source: Gittins (1979); Gu et al., NSDI'19 (Tiresias, 2D-Gittins index);
+Harchol-Balter (2013) on size-based scheduling with unknown sizes.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from malleable.policies.feasibility import Grid, cannot_run_reason, finish, orde
 from malleable.policies.starvation import promoted, starvation_keys
 
 
-def gittins_index(attained: np.ndarray, history: np.ndarray, *, max_samples: int = 1024,
+def gittins_index(attained: np.ndarray, history: np.ndarray, *, max_samples: int = 256,
                   chunk: int = 1 << 21) -> np.ndarray:
     """Gittins index of each job from the empirical size distribution.
 

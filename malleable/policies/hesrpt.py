@@ -25,6 +25,8 @@ feasible integers without losing capacity (largest remainder first, then
 leftover GPUs where they cut a job's remaining time most per GPU). Jobs
 that cannot fit at all, or have no work left, are not among the m.
 Weights are not part of the model and are ignored.
+
+Source: Berg, Vesilo and Harchol-Balter, SIGMETRICS'20 (arXiv:1903.09346).
 """
 
 from __future__ import annotations

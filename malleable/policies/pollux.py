@@ -34,6 +34,10 @@ The tests compare the result with exhaustive search on small clusters.
 
 Starvation: a pending job waiting ``starve_s`` seconds is placed first at
 its minimum (`malleable.policies.starvation`); not part of Pollux.
+
+Source: Qiao et al., OSDI'21, section 4.2 (SPEEDUP, FITNESS_p, the
+re-allocation factor); the normalisation, eps and the restart delay follow
+the artifact's simulator.
 """
 
 from __future__ import annotations
@@ -102,14 +106,16 @@ def utility(x: np.ndarray, p: float, eps: float) -> np.ndarray:
 
 def local_search(grid: Grid, packer: Packer, alloc: list[int], U: list[list[float]], *,
                  moves: int, window: int, anchor: list[int], protected: set[int],
-                 max_donors: int = 8) -> int:
+                 max_donors: int = 8, repacks: int = 8) -> int:
     """Improve a separable utility by moving GPUs from cheap donors to the best receiver.
 
     Each move: the job with the largest utility gain per GPU for growing (to
     one of its next ``window`` feasible sizes or its anchor) takes GPUs that
-    up to ``max_donors`` other jobs free by shrinking one feasible step each
+    up to ``max_donors`` shrinks of other jobs free, one feasible step each
     (cheapest loss per GPU first); the move is kept only if it packs and the
-    total utility rises. ``protected`` jobs are never shrunk.
+    total utility rises. If the freed GPUs are enough but fragmented, the
+    jobs are re-placed (best-fit decreasing, at most ``repacks`` times per
+    call). ``protected`` jobs are never shrunk.
 
     Returns:
         The number of moves made (alloc and packer are updated in place).
@@ -156,12 +162,11 @@ def local_search(grid: Grid, packer: Packer, alloc: list[int], U: list[list[floa
         taken: list[tuple[int, tuple, int]] = []
         aside: list[tuple[float, int, int, int]] = []
         loss = 0.0
-        ok = False
-        old_r = packer.remove(r)
-        if packer.place(r, klist[b]):
-            ok = True
-        else:
-            packer.restore(r, old_r)
+        ok = packer.resize(r, klist[b])
+        if not ok and repacks > 0 and sum(packer.free) >= klist[b] - klist[alloc[r]]:
+            repacks -= 1
+            ok = packer.repack(resize=(r, klist[b]))
+        if not ok:
             while dono and len(taken) < max_donors:
                 lpg, dv, d, c = heapq.heappop(dono)
                 if dv != ver[d] or alloc[d] <= c:
@@ -181,21 +186,28 @@ def local_search(grid: Grid, packer: Packer, alloc: list[int], U: list[list[floa
                 alloc[d] = c
                 if loss >= gain:
                     break
-                old_r = packer.remove(r)
-                if packer.place(r, klist[b]):
+                ll, cc = down(d)  # the same donor may give another step
+                if cc >= 0:
+                    heapq.heappush(dono, (ll, ver[d], d, cc))
+                if packer.resize(r, klist[b]):
                     ok = True
                     break
-                packer.restore(r, old_r)
+                if repacks > 0 and sum(packer.free) >= klist[b] - klist[alloc[r]]:
+                    # enough GPUs are free but fragmented: re-place everyone, then retry
+                    repacks -= 1
+                    if packer.repack(resize=(r, klist[b])):
+                        ok = True
+                        break
             if ok and loss >= gain:
-                packer.remove(r)
-                packer.restore(r, old_r)
                 ok = False
+                packer.resize(r, klist[alloc[r]])  # shrinking back always fits
             if not ok:
                 for d, old_d, a in reversed(taken):
                     packer.remove(d)
                     packer.restore(d, old_d)
                     alloc[d] = a
-                for d, _, _ in taken:  # their heap entries were consumed: put them back
+                for d in {d for d, _, _ in taken}:  # fresh heap entries for the donors
+                    ver[d] += 1
                     loss_d, c_d = down(d)
                     if c_d >= 0:
                         heapq.heappush(dono, (loss_d, ver[d], d, c_d))
@@ -207,7 +219,7 @@ def local_search(grid: Grid, packer: Packer, alloc: list[int], U: list[list[floa
             continue
         alloc[r] = b
         done += 1
-        for j in [r] + [d for d, _, _ in taken]:
+        for j in {r} | {d for d, _, _ in taken}:
             ver[j] += 1
             rr, bb = up(j)
             if bb >= 0 and rr > 0:
