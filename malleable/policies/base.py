@@ -103,7 +103,8 @@ class JobSet:
         for name in ("attained", "age", "restart_cost", "since_change", "weight"):
             object.__setattr__(self, name, _as(getattr(self, name), np.float64, name, J, "JobSet"))
         if not isinstance(self.table, SpeedupTable):
-            raise ValueError(f"JobSet.table must be a SpeedupTable, got {type(self.table).__name__}")
+            raise ValueError(f"JobSet.table must be a SpeedupTable, "
+                             f"got {type(self.table).__name__}")
         if self.table.num_jobs != J:
             raise ValueError(f"JobSet.table has {self.table.num_jobs} jobs, expected {J}")
         checks = (
@@ -124,8 +125,8 @@ class JobSet:
         for name, ok, what in checks:
             if not np.all(ok):
                 i = int(np.flatnonzero(~ok)[0])
-                raise ValueError(f"JobSet.{name} of job {ids[i]!s} = {getattr(self, name)[i].item()!r}: "
-                                 f"expected {what}")
+                value = getattr(self, name)[i].item()
+                raise ValueError(f"JobSet.{name} of job {ids[i]!s} = {value!r}: expected {what}")
         t = self.table
         for name, arr, ok_fn in (
                 ("table.remaining_work", t.remaining_work, lambda a: np.isfinite(a) & (a >= 0)),
@@ -230,7 +231,8 @@ class Context:
         bad = ~np.isfinite(h) | (h < 0)
         if np.any(bad):
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"Context.size_history[{i}] = {h[i].item()!r}: expected finite and >= 0")
+            raise ValueError(f"Context.size_history[{i}] = {h[i].item()!r}: "
+                             f"expected finite and >= 0")
         object.__setattr__(self, "size_history", h)
 
 

@@ -60,9 +60,11 @@ class Packer:
         for n, f in enumerate(self.free):
             self.buckets[f][n] = None
         self.where: dict[int, tuple[tuple[int, int], ...]] = {}
+        self.total_free = sum(self.free)
 
     def _set(self, node: int, new_free: int) -> None:
         del self.buckets[self.free[node]][node]
+        self.total_free += new_free - self.free[node]
         self.free[node] = new_free
         self.buckets[new_free][node] = None
 
@@ -115,6 +117,7 @@ class Packer:
                     self.free[node] = r - k
                     self.buckets[r - k][node] = None
                     self.where[j] = ((node, k),)
+                    self.total_free -= k
                     return True
             return False
         n, rest = divmod(k, g)
@@ -126,6 +129,7 @@ class Packer:
             self.free[node] = 0
             self.buckets[0][node] = None
         self.where[j] = tuple((node, g) for node in nodes)
+        self.total_free -= k
         return True
 
     def remove(self, j: int) -> tuple[tuple[int, int], ...]:
@@ -173,6 +177,7 @@ class Packer:
             if not fresh.place(j, k):
                 return False
         self.free, self.buckets, self.where = fresh.free, fresh.buckets, fresh.where
+        self.total_free = fresh.total_free
         return True
 
     def _used(self) -> np.ndarray:
@@ -255,7 +260,8 @@ def ranks(order: np.ndarray) -> np.ndarray:
 
 
 def realize(jobs: JobSet, capacity: Capacity, wish: np.ndarray, order: np.ndarray, *,
-            fill: str = "none", value: np.ndarray | None = None, exact: np.ndarray | None = None,
+            fill: str = "none", value: np.ndarray | list | None = None,
+            exact: np.ndarray | None = None,
             blocking: bool = False, hamilton: bool = True, grid: Grid | None = None,
             packer: Packer | None = None, window: int = 4,
             anchor: np.ndarray | None = None) -> np.ndarray:
@@ -271,8 +277,9 @@ def realize(jobs: JobSet, capacity: Capacity, wish: np.ndarray, order: np.ndarra
             marginal gain per GPU of ``value``, the best ratio over the next
             ``window`` feasible sizes), "level" (the job with the fewest GPUs
             grows by one step; equal shares).
-        value: (J, K) float, the utility of each job at each grid count
-            (higher is better; -inf allowed at k = 0), required for "value".
+        value: (J, K) float array (or the same as nested lists), the utility
+            of each job at each grid count (higher is better; -inf allowed at
+            k = 0), required for "value".
         exact: (J,) bool, jobs that run only at their rounded wish or not at
             all (plain Slurm semantics for a pending request).
         blocking: stop placing jobs after the first ``exact`` job that does not
@@ -300,8 +307,13 @@ def realize(jobs: JobSet, capacity: Capacity, wish: np.ndarray, order: np.ndarra
         raise ValueError(f"wish must be (J,) finite and >= 0, got {wish[:4]}...")
     if fill not in FILLS:
         raise ValueError(f"fill = {fill!r}: expected one of {', '.join(FILLS)}")
-    if fill == "value" and (value is None or np.shape(value) != (J, len(grid.k))):
-        raise ValueError("fill='value' needs a (J, K) value matrix")
+    if fill == "value":
+        shape = (None if value is None else value.shape if isinstance(value, np.ndarray)
+                 else (len(value), len(value[0]) if len(value) else len(grid.k)))
+        if shape != (J, len(grid.k)):
+            raise ValueError(f"fill='value' needs a (J, K) = ({J}, {len(grid.k)}) value "
+                             f"matrix, got {shape}")
+    rows = value.tolist() if isinstance(value, np.ndarray) else value
     exact_l = (np.zeros(J, bool) if exact is None else np.asarray(exact, bool)).tolist()
     klist, prev, nxt = grid.klist, grid.prev, grid.nxt
     order_l = [int(j) for j in order]
@@ -361,10 +373,10 @@ def realize(jobs: JobSet, capacity: Capacity, wish: np.ndarray, order: np.ndarra
     elif fill in ("value", "level"):
         skip = preplaced | {j for j in range(J) if exact_l[j]}
         anchor_l = [-1] * J if anchor is None else [int(a) for a in anchor]
-        _heap_fill(grid, packer, alloc, rank, skip, fill, value, window, anchor_l)
+        _heap_fill(grid, packer, alloc, rank, skip, fill, rows, window, anchor_l)
         # Placing in priority order can fragment nodes; repack and fill again once.
         if packer.cap() and packer.repack():
-            _heap_fill(grid, packer, alloc, rank, skip, fill, value, window, anchor_l)
+            _heap_fill(grid, packer, alloc, rank, skip, fill, rows, window, anchor_l)
     return np.asarray([klist[c] for c in alloc], dtype=np.int64)
 
 
@@ -401,14 +413,14 @@ def best_jump(grid: Grid, value_row: np.ndarray | list[float], j: int, a: int, c
 
 
 def _heap_fill(grid: Grid, packer: Packer, alloc: list[int], rank: list[int], skip: set[int],
-               mode: str, value: np.ndarray | None, window: int, anchor: list[int]) -> None:
+               mode: str, rows: list[list[float]] | None, window: int,
+               anchor: list[int]) -> None:
     """Greedy growth by a heap of per-job next steps (lazy re-evaluation).
 
     "value": key = marginal value per GPU of the best jump (stop at <= 0).
     "level": key = current GPUs (fewest first), step to the next feasible size.
     """
     klist, nxt = grid.klist, grid.nxt
-    rows = value.tolist() if mode == "value" else None
     heap: list[tuple[float, int, int, int]] = []
 
     def key(j: int, cap: int) -> tuple[float, int]:

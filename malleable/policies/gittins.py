@@ -24,7 +24,16 @@ per second, so its expected completion rate is w G(a) s(k). GPUs are
 handed out greedily by the largest gain in that rate per GPU,
 w G(a) (s(k') - s(k)) / (k' - k), which maximises sum_j w_j G_j s_j(k_j);
 with linear speedup this is exactly Gittins priority order, with
-sublinear speedup it spreads GPUs as the curves warrant.
+sublinear speedup it spreads GPUs as the curves warrant. As the index
+moves with every second of service, a running job's rate at any other size
+is discounted by Pollux's restart factor (`malleable.policies.restarts`),
+so GPUs move only when the gain outweighs the restart
+(``restart_penalty``).
+
+The index is evaluated at the job's attained service rounded down to a
+level base * ratio^i (360 GPU-s x 2^i by default), as Tiresias discretises
+service into priority queues: the index, and so the allocation, changes only
+when a job's service crosses a level, not at every decision.
 
 No history (fewer than ``min_history`` samples): G(a) = 1 / (a +
 ``prior_scale_s``), the index of a decreasing-hazard prior, i.e. least
@@ -47,6 +56,7 @@ import numpy as np
 from malleable.policies.base import Allocation, Capacity, Context, JobSet, Policy
 from malleable.policies.curves import speedup
 from malleable.policies.feasibility import Grid, cannot_run_reason, finish, order_from_keys, realize
+from malleable.policies.restarts import current_column, penalise_changes
 from malleable.policies.starvation import promoted, starvation_keys
 
 
@@ -101,15 +111,30 @@ class GittinsPolicy(Policy):
         min_history: int = 10         # fewer finished jobs: fall back to the LAS-like prior
         prior_scale_s: float = 3600.0  # GPU-s scale of the prior index 1 / (a + scale)
         window: int = 2               # feasible sizes one greedy step may jump
+        restart_penalty: bool = True  # discount resizing a running job (Pollux's factor)
+        level_base_s: float = 360.0   # attained service is rounded down to base * ratio^i
+        level_ratio: float = 2.0      # (Tiresias-like levels; ratio 1 = no rounding)
         starve_s: float = 3600.0      # a pending job waiting this long is placed first
 
         def __post_init__(self) -> None:
             if self.prior_scale_s <= 0 or self.starve_s <= 0 or self.window < 1:
                 raise ValueError("prior_scale_s and starve_s must be > 0, window >= 1")
+            if self.level_base_s <= 0 or self.level_ratio < 1:
+                raise ValueError("level_base_s must be > 0 and level_ratio >= 1")
+
+    def levels(self, attained: np.ndarray) -> np.ndarray:
+        """(J,) attained service rounded down to 0 or base * ratio^i (unchanged if ratio = 1)."""
+        prm = self.params
+        a = np.asarray(attained, dtype=np.float64)
+        if prm.level_ratio == 1.0:
+            return a
+        with np.errstate(divide="ignore"):
+            i = np.floor(np.log(a / prm.level_base_s) / np.log(prm.level_ratio) + 1e-12)
+        return np.where(a >= prm.level_base_s, prm.level_base_s * prm.level_ratio ** i, 0.0)
 
     def index(self, jobs: JobSet, ctx: Context) -> np.ndarray:
         """(J,) weighted Gittins index per GPU-second of service (always > 0)."""
-        a = jobs.attained
+        a = self.levels(jobs.attained)
         h = ctx.size_history
         if len(h) >= max(self.params.min_history, 1):
             g = gittins_index(a, h)
@@ -124,12 +149,16 @@ class GittinsPolicy(Policy):
         grid = Grid.build(jobs, capacity)
         G = self.index(jobs, ctx)
         value = G[:, None] * speedup(jobs.table)
+        anchor = None
+        if prm.restart_penalty:
+            value = penalise_changes(value, jobs)
+            anchor = current_column(jobs, grid.mask)
         up = promoted(jobs, prm.starve_s)
         group, wait = starvation_keys(jobs, prm.starve_s)
         order = order_from_keys(group, wait, -G)
         wish = np.where(up, jobs.min_gpus, 0).astype(float)
         gpus = realize(jobs, capacity, wish, order, fill="value", value=value, grid=grid,
-                       hamilton=False, window=prm.window)
+                       hamilton=False, window=prm.window, anchor=anchor)
         rate = value[np.arange(len(jobs)), jobs.table.column(gpus)]
         never = cannot_run_reason(grid, jobs, capacity)
         reasons = []

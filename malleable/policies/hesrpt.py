@@ -1,10 +1,10 @@
 """`hesrpt`: the optimal allocation for known sizes and speedup k^p (heSRPT).
 
-Model (Berg, Vesilo, Harchol-Balter, "heSRPT: Optimal Parallel Scheduling
-of Jobs With Known Sizes", SIGMETRICS'20, arXiv:1903.09346): N servers, m jobs present, job sizes x known, every
-job speeds up as s(k) = k^p with 0 < p < 1, no arrivals. Sort the jobs from
-largest (i = 1) to smallest (i = m); the allocation minimising the mean
-flow time gives job i the share
+Model (Berg, Vesilo, Harchol-Balter, "heSRPT: Optimal Parallel Scheduling of
+Jobs With Known Sizes", SIGMETRICS'20, arXiv:1903.09346): N servers, m jobs
+present, job sizes x known, every job speeds up as s(k) = k^p with 0 < p <
+1, no arrivals. Sort the jobs from largest (i = 1) to smallest (i = m); the
+allocation minimising the mean flow time gives job i the share
 
     theta_i = (i/m)^(1/(1-p)) - ((i-1)/m)^(1/(1-p))
 

@@ -8,9 +8,10 @@ simulator, petuum/adaptdl branch osdi21-artifact, simulator/pollux.py):
   goodput-optimal batch size, as the estimators' table holds it) relative to
   its goodput at a fair share of the cluster, k_fair = ceil(C / J) GPUs for
   C free GPUs and J jobs (interpolated on the table's grid).
-* Re-allocation penalty: a running job whose size changes has its speedup
-  multiplied by r_j = max(T_j - R_j delta_j, 0) / (T_j + delta_j), with T_j
-  its age, R_j its restarts so far and delta_j its restart cost. (The
+* Re-allocation penalty (`malleable.policies.restarts`): a running job whose
+  size changes has its speedup multiplied by
+  r_j = max(T_j - R_j delta_j, 0) / (T_j + delta_j), with T_j its age, R_j
+  its restarts so far and delta_j its restart cost. (The
   artifact also applies the factor to jobs that start; here starting a
   pending job is not a restart and is not penalised.)
 * FITNESS_p(A) = (sum_j w_j (SPEEDUP_j + eps)^p / sum_j w_j)^(1/p), the
@@ -22,12 +23,12 @@ simulator, petuum/adaptdl branch osdi21-artifact, simulator/pollux.py):
 Solver (not the paper's genetic algorithm, same objective): maximise the
 separable utility sum_j w_j u(SPEEDUP_j), u(x) = (x + eps)^p / p (log for
 p = 0), which is increasing in the power mean. (1) Greedy marginal gain:
-from two starts (nothing allocated; running jobs at their current size),
 repeatedly give the next feasible size (within ``window`` sizes, or the
 job's current size, where no penalty applies) to the job with the largest
-utility gain per GPU, packing with the shared `Packer`. For concave
-utilities and unit steps this greedy is optimal (Gross 1956; Ibaraki and
-Katoh, "Resource Allocation Problems", 1988, ch. 4). (2) Local search:
+utility gain per GPU, starting from nothing allocated and packing with the
+shared `Packer`. For concave utilities and unit steps this greedy is
+optimal (Gross 1956; Ibaraki and Katoh, "Resource Allocation Problems",
+1988, ch. 4). (2) Local search:
 move GPUs from the jobs that lose least per GPU to the job that gains most
 per GPU while that improves the objective (at most ``search_moves`` moves).
 The tests compare the result with exhaustive search on small clusters.
@@ -59,6 +60,7 @@ from malleable.policies.feasibility import (
     order_from_keys,
     realize,
 )
+from malleable.policies.restarts import current_column, penalise_changes
 from malleable.policies.starvation import promoted, starvation_keys
 
 
@@ -72,20 +74,9 @@ def pollux_speedup(jobs: JobSet, capacity: Capacity) -> np.ndarray:
     return np.where(base[:, None] > 0, s, 0.0)
 
 
-def restart_factor(jobs: JobSet) -> np.ndarray:
-    """(J,) Pollux's re-allocation factor max(T - R delta, 0) / (T + delta) (1 if T + delta = 0)."""
-    T, R, d = jobs.age, jobs.restarts.astype(float), jobs.restart_cost
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f = np.maximum(T - R * d, 0.0) / (T + d)
-    return np.where(T + d > 0, f, 1.0)
-
-
 def penalised_speedup(jobs: JobSet, capacity: Capacity) -> np.ndarray:
     """(J, K) speedup times the restart factor wherever a running job's size would change."""
-    s = pollux_speedup(jobs, capacity)
-    k = jobs.table.k
-    change = (jobs.current[:, None] > 0) & (k[None, :] != jobs.current[:, None])
-    return np.where(change, s * restart_factor(jobs)[:, None], s)
+    return penalise_changes(pollux_speedup(jobs, capacity), jobs)
 
 
 def power_mean(x: np.ndarray, w: np.ndarray, p: float, eps: float) -> float:
@@ -163,7 +154,7 @@ def local_search(grid: Grid, packer: Packer, alloc: list[int], U: list[list[floa
         aside: list[tuple[float, int, int, int]] = []
         loss = 0.0
         ok = packer.resize(r, klist[b])
-        if not ok and repacks > 0 and sum(packer.free) >= klist[b] - klist[alloc[r]]:
+        if not ok and repacks > 0 and packer.total_free >= klist[b] - klist[alloc[r]]:
             repacks -= 1
             ok = packer.repack(resize=(r, klist[b]))
         if not ok:
@@ -192,7 +183,7 @@ def local_search(grid: Grid, packer: Packer, alloc: list[int], U: list[list[floa
                 if packer.resize(r, klist[b]):
                     ok = True
                     break
-                if repacks > 0 and sum(packer.free) >= klist[b] - klist[alloc[r]]:
+                if repacks > 0 and packer.total_free >= klist[b] - klist[alloc[r]]:
                     # enough GPUs are free but fragmented: re-place everyone, then retry
                     repacks -= 1
                     if packer.repack(resize=(r, klist[b])):
@@ -260,29 +251,19 @@ class PolluxPolicy(Policy):
         grid = Grid.build(jobs, capacity)
         x = penalised_speedup(jobs, capacity)
         U = jobs.weight[:, None] * utility(x, prm.p, prm.eps)
-        cur_col = np.searchsorted(t.k, jobs.current)
-        cur_col = np.minimum(cur_col, len(t.k) - 1)
-        on_grid = (t.k[cur_col] == jobs.current) & (jobs.current > 0)
-        anchor = np.where(on_grid & grid.mask[np.arange(J), cur_col], cur_col, -1)
+        anchor = current_column(jobs, grid.mask)
         up = promoted(jobs, prm.starve_s)
         group, wait = starvation_keys(jobs, prm.starve_s)
         rows = U.tolist()
 
-        candidates = []
-        for warm in (False, True):
-            if warm and not np.any(anchor >= 0):
-                continue
-            wish = np.where(up, jobs.min_gpus, 0).astype(float)
-            if warm:
-                wish = np.where(anchor >= 0, jobs.current, wish).astype(float)
-            order = order_from_keys(group, wait, np.where(anchor >= 0, 0, 1))
-            packer = Packer(capacity.gpus_per_node, capacity.free_per_node)
-            gpus = realize(jobs, capacity, wish, order, fill="value", value=U, grid=grid,
-                           packer=packer, hamilton=False, window=prm.window, anchor=anchor)
-            cols = t.column(gpus)
-            score = float(np.sum(U[np.arange(J), cols]))
-            candidates.append((score, warm, gpus, packer, order))
-        score, warm, gpus, packer, order = max(candidates, key=lambda c: (c[0], c[1]))
+        # Greedy from nothing allocated; a running job's current size is a jump target
+        # without penalty (``anchor``). (A warm start from the current allocation was
+        # never better after the local search, in our tests, and costs a second pass.)
+        wish = np.where(up, jobs.min_gpus, 0).astype(float)
+        order = order_from_keys(group, wait, np.where(anchor >= 0, 0, 1))
+        packer = Packer(capacity.gpus_per_node, capacity.free_per_node)
+        gpus = realize(jobs, capacity, wish, order, fill="value", value=rows, grid=grid,
+                       packer=packer, hamilton=False, window=prm.window, anchor=anchor)
         alloc = t.column(gpus).tolist()
         protected = {int(j) for j in np.flatnonzero(up & (gpus > 0))}
         local_search(grid, packer, alloc, rows, moves=prm.search_moves, window=prm.window,

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from malleable.policies.base import Capacity, Context
 from malleable.policies.feasibility import Grid
 from malleable.policies.gittins import gittins_index
-from malleable.policies.pollux import penalised_speedup, power_mean, restart_factor
+from malleable.policies.pollux import penalised_speedup, power_mean
 from malleable.policies.registry import get_policy
+from malleable.policies.restarts import restart_factor
 from malleable.policies.synthetic import make_jobset, power_law, random_instance
 from tests.unit.policy_cases import PROFILE, packs_exactly
 
