@@ -49,6 +49,10 @@ class Packer:
     A job of k <= g GPUs goes onto one node (best fit); a job of k > g GPUs,
     k % g == 0, takes k/g nodes that are entirely free. Placement is
     deterministic (nodes are taken last-in first-out within a free count).
+
+    Attributes:
+        free: free GPUs per node (list); total_free: their sum.
+        where: job -> ((node, GPUs), ...), the placement so far.
     """
 
     def __init__(self, gpus_per_node: int, free_per_node: np.ndarray) -> None:
@@ -235,6 +239,7 @@ class Grid:
         return np.maximum(np.searchsorted(self.k, np.asarray(x) + _EPS, side="right") - 1, 0)
 
     def cap_col(self, cap: int) -> int:
+        """The grid column of the largest grid count <= ``cap`` GPUs."""
         return bisect_right(self.klist, cap) - 1
 
     def can_run(self) -> np.ndarray:

@@ -165,7 +165,9 @@ def local_search(grid: Grid, packer: Packer, alloc: list[int], U: list[list[floa
                 if d == r:
                     aside.append((lpg, dv, d, c))
                     continue
-                if lpg >= -negr:
+                need = klist[b] - klist[alloc[r]] - packer.total_free
+                if need > 0 and loss + lpg * need >= gain:
+                    # every further GPU costs at least lpg: the move cannot pay
                     aside.append((lpg, dv, d, c))
                     break
                 old_d = packer.remove(d)
