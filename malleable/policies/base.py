@@ -145,6 +145,19 @@ class JobSet:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def subset(self, index: np.ndarray) -> JobSet:
+        """The jobs selected by ``index`` ((J,) bool mask or integer indices), in that order,
+        with their rows of the table (e.g. to drop a job the estimators could not model)."""
+        idx = np.arange(len(self))[np.asarray(index)]
+        t = self.table
+        table = dataclasses.replace(
+            t, feasible=t.feasible[idx], goodput=t.goodput[idx], batch=t.batch[idx],
+            remaining_work=t.remaining_work[idx], remaining_std=t.remaining_std[idx],
+            from_prior=t.from_prior[idx])
+        arrays = {f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)
+                  if f.name != "table"}
+        return JobSet(table=table, **arrays)
+
     @property
     def waiting(self) -> np.ndarray:
         """(J,) float64 seconds a pending job has waited since it last ran (or since

@@ -122,15 +122,10 @@ def advance(jobs: JobSet, gpus: np.ndarray, dt: float) -> tuple[JobSet, np.ndarr
     changed = gpus != jobs.current
     since = np.where(changed, dt, jobs.since_change + dt)
     keep = work > 0
-    table = replace(t, feasible=t.feasible[keep], goodput=t.goodput[keep], batch=t.batch[keep],
-                    remaining_work=work[keep], remaining_std=t.remaining_std[keep],
-                    from_prior=t.from_prior[keep])
-    nxt = JobSet(ids=jobs.ids[keep], min_gpus=jobs.min_gpus[keep], max_gpus=jobs.max_gpus[keep],
-                 step=jobs.step[keep], current=gpus[keep], table=table,
-                 attained=(jobs.attained + gpus * dt)[keep], age=(jobs.age + dt)[keep],
-                 restart_cost=jobs.restart_cost[keep], since_change=since[keep],
-                 weight=jobs.weight[keep], requested=jobs.requested[keep],
-                 restarts=(jobs.restarts + ((jobs.current > 0) & changed))[keep])
+    moved = replace(jobs, current=gpus, attained=jobs.attained + gpus * dt, age=jobs.age + dt,
+                    since_change=since, restarts=jobs.restarts + ((jobs.current > 0) & changed),
+                    table=replace(t, remaining_work=work))
+    nxt = moved.subset(keep)
     return nxt, keep
 
 

@@ -133,3 +133,15 @@ def test_no_capacity_gives_zeros_with_a_reason():
         alloc = get_policy(name).allocate(jobs, cap)
         assert alloc.gpus.tolist() == [0, 0, 0]
         assert all("no feasible size fits" in r for r in alloc.reason), (name, alloc.reason)
+
+
+def test_subset_keeps_rows_together():
+    cap = Capacity.uniform(2, 4)
+    jobs = make_jobset(cap, power_law, np.array([0.5, 0.6, 0.7]), np.ones(3),
+                       np.array([1.0, 2.0, 3.0]), attained=np.array([10.0, 20.0, 30.0]))
+    sub = jobs.subset(np.array([True, False, True]))
+    assert sub.ids.tolist() == ["0", "2"]
+    assert sub.table.remaining_work.tolist() == [1.0, 3.0]
+    assert sub.attained.tolist() == [10.0, 30.0]
+    assert np.array_equal(sub.table.goodput, jobs.table.goodput[[0, 2]])
+    assert len(jobs.subset(np.array([2, 0]))) == 2 and jobs.subset([2, 0]).ids[0] == "2"
