@@ -52,11 +52,12 @@ NODES, G = 16, 4
 INTERVAL, DELTA = 60.0, 30.0
 
 
-def philly_jobs(max_gpu_hours: float = 1000.0) -> tuple[np.ndarray, np.ndarray]:
+def philly_jobs(max_gpu_hours: float = 1000.0,
+                path: Path = PHILLY) -> tuple[np.ndarray, np.ndarray]:
     """(gpu_time seconds, num_gpus) of Philly jobs, filtered as Pollux does
     (duration >= 60 s, GPU time < ``max_gpu_hours``)."""
     gt, ng = [], []
-    with PHILLY.open() as fh:
+    with Path(path).open() as fh:
         for row in csv.DictReader(fh):
             d, g, t = float(row["duration"]), int(row["num_gpus"]), float(row["gpu_time"])
             if d >= 60 and t < max_gpu_hours * 3600:
@@ -172,10 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="log-normal error of the remaining-work estimate at submission")
     ap.add_argument("--max-gpu-hours", type=float, default=1000.0,
                     help="drop Philly jobs with more GPU time (Pollux: 1000)")
+    ap.add_argument("--philly", default=str(PHILLY), help="Philly job list (Pollux's philly.csv)")
     ap.add_argument("--only", default="", help="comma-separated policy names (default: all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    gt, ng = philly_jobs(args.max_gpu_hours)
+    gt, ng = philly_jobs(args.max_gpu_hours, Path(args.philly))
     names = [nm for nm in available() if nm != "default"]
     if args.only:
         names = [nm for nm in names if nm in args.only.split(",") or nm == "static"]

@@ -26,7 +26,8 @@ POLICIES: dict[str, str] = {
     "gittins": "malleable.policies.gittins:GittinsPolicy",
 }
 
-# The recommended policy (benchmarks/results/policies_quality.txt says why).
+# The recommended policy: docs/policies.md ("The default") and
+# benchmarks/results/policies_quality.txt say why. Changing the default is this one line.
 DEFAULT = "pollux"
 
 
