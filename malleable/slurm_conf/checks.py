@@ -355,6 +355,13 @@ def check_keys(slurm: ParsedConf, gres: ParsedConf | None,
     return out
 
 
+def _from_file(f: Finding) -> Finding:
+    """A finding about the file's value where the running controller uses another one."""
+    return Finding(f.severity, f.check, f.location,
+                   f"{f.message} [this is the file's value; the running slurmctld still uses "
+                   f"another one until `scontrol reconfigure` or a restart]", f.fix)
+
+
 def status_of(findings: Iterable[Finding]) -> str:
     """``ok`` when there are no findings, else the worst severity's name."""
     worst = min((f.severity for f in findings), key=lambda s: s.rank, default=None)
@@ -379,7 +386,10 @@ def run_checks(*, slurm: ParsedConf, gres: ParsedConf | None, gres_path: str,
         ``(checks, findings)``: one `CheckResult` per entry of `CHECKS`, in that
         order, and every finding, worst first, then by file and line. When
         slurm.conf itself cannot be read, only ``files`` runs (the others are
-        ``skipped``).
+        ``skipped``). When a controller answered, the settings checks judge its
+        running values, and the file's values too: a value in the file that
+        would fail takes effect at the next reconfigure or restart, so it is
+        reported as well (marked as the file's value).
     """
     file_findings = list(slurm.findings) + (list(gres.findings) if gres is not None else [])
     files = slurm.files + (gres.files if gres is not None else [])
@@ -398,23 +408,35 @@ def run_checks(*, slurm: ParsedConf, gres: ParsedConf | None, gres_path: str,
             c = controller.config
             ctl_summary = (f"slurmctld {c.version or '?'}: {'; '.join(c.status) or 'answered'}"
                            f"; HASH_VAL={c.hash_val or '?'}")
-        results["keys"] = ("", check_keys(slurm, gres, controller))
+        unknown = check_keys(slurm, gres, controller)
+        results["keys"] = (f"{len(unknown)} unknown key(s)" if unknown else "all keys known",
+                           unknown)
         results["controller"] = (ctl_summary, controller_findings)
-        results["select-type"] = check_select_type(settings)
-        results["gres-types"] = check_gres_types(settings, inventory)
+        file_only = Settings(slurm, None)
+        pending = settings.controller is not None
+
+        def both(fn, *args) -> tuple[str, list[Finding]]:
+            """Check what runs; and, when the file differs, what the file will run."""
+            summary, found = fn(settings, *args)
+            if pending:
+                _, in_file = fn(file_only, *args)
+                found = found + [_from_file(f) for f in in_file
+                                 if (f.check, f.severity, f.message) not in
+                                 {(g.check, g.severity, g.message) for g in found}]
+            return summary, found
+
+        results["select-type"] = both(check_select_type)
+        results["gres-types"] = both(check_gres_types, inventory)
         s, f = check_gpu_nodes(slurm, inventory)
         results["gpu-nodes"] = (s, f + by_id.get("gpu-nodes", []))
         results["gpu-devices"] = (check_gpu_devices(inventory, gres, gres_path),
                                   by_id.get("gpu-devices", []))
         s, f = check_partitions(inventory, config)
         results["partitions"] = (s, f + by_id.get("partitions", []))
-        results["job-requeue"] = check_job_requeue(settings)
-        results["job-shrink"] = check_job_shrink(settings)
-        results["min-job-age"] = check_min_job_age(settings, config)
-        results["proctrack"] = check_proctrack(settings)
-        n_keys = len(results["keys"][1])
-        results["keys"] = (f"{n_keys} unknown key(s)" if n_keys else "all keys known",
-                           results["keys"][1])
+        results["job-requeue"] = both(check_job_requeue)
+        results["job-shrink"] = both(check_job_shrink)
+        results["min-job-age"] = both(check_min_job_age, config)
+        results["proctrack"] = both(check_proctrack)
     checks: list[CheckResult] = []
     findings: list[Finding] = []
     for cid, title in CHECKS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import NoReturn
 
 import click
 
@@ -27,7 +28,7 @@ from malleable.slurm_conf.report import (
 from malleable.slurm_conf.snippet import snippet as make_snippet
 
 
-def _usage_error(message: str) -> None:
+def _usage_error(message: str) -> NoReturn:
     """Print ``malleable conf: error: MESSAGE`` on stderr and exit with status 2."""
     click.echo(f"malleable conf: error: {message}", err=True)
     raise click.exceptions.Exit(2)
@@ -38,7 +39,6 @@ def _config(ctx: click.Context) -> Config:
         return load_config(ctx.obj.get("config_path"))
     except ConfigError as exc:
         _usage_error(f"--config: {exc}")
-        raise AssertionError("unreachable") from None
 
 
 @click.group("conf")

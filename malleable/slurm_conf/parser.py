@@ -26,9 +26,11 @@ and line, and parsing goes on with the next line. Files are only read.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -189,12 +191,10 @@ def _value(m: re.Match) -> str:
 class _Reader:
     """State of one parse: the record keys, what was read, and the include stack."""
 
-    def __init__(self, path: str, record_keys: Iterable[str], multi_keys: Iterable[str],
-                 kind: str):
+    def __init__(self, path: str, record_keys: Iterable[str], multi_keys: Iterable[str]):
         self.out = ParsedConf(path=path)
         self.records = {k.lower(): k for k in record_keys}
         self.multi = {k.lower() for k in multi_keys}
-        self.kind = kind
         self.seen: dict[str, Entry] = {}
         self.stack: list[str] = []
 
@@ -215,6 +215,10 @@ class _Reader:
                        "flatten the includes")
             return
         try:
+            # A FIFO or device would block or never end: only regular files are read.
+            if os.path.exists(path) and not os.path.isdir(path) and \
+                    not stat.S_ISREG(os.stat(path).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             with open(path, "rb") as fh:
                 data = fh.read()
         except OSError as exc:
@@ -319,8 +323,7 @@ class _Reader:
 
 
 def parse_conf_file(path: str | os.PathLike, *, record_keys: Iterable[str] = SLURM_CONF_RECORD_KEYS,
-                    multi_keys: Iterable[str] = SLURM_CONF_MULTI_KEYS,
-                    kind: str = "slurm.conf") -> ParsedConf:
+                    multi_keys: Iterable[str] = SLURM_CONF_MULTI_KEYS) -> ParsedConf:
     """Parse a slurm.conf-style file and everything it includes.
 
     Args:
@@ -328,26 +331,24 @@ def parse_conf_file(path: str | os.PathLike, *, record_keys: Iterable[str] = SLU
         record_keys: statement keys whose lines carry parameters
             (`SLURM_CONF_RECORD_KEYS` or `GRES_CONF_RECORD_KEYS`).
         multi_keys: keys that may be repeated without a "duplicate" warning.
-        kind: a label for messages (``"slurm.conf"`` or ``"gres.conf"``).
 
     Returns:
         A `ParsedConf`; problems are in its ``findings`` (never raised). An
         unreadable top-level file gives ``readable=False`` and one finding.
     """
     p = os.fspath(path)
-    reader = _Reader(p, record_keys, multi_keys, kind)
+    reader = _Reader(p, record_keys, multi_keys)
     reader.read_file(p, None)
     return reader.out
 
 
 def parse_conf_text(text: str, path: str = "<text>", *,
                     record_keys: Iterable[str] = SLURM_CONF_RECORD_KEYS,
-                    multi_keys: Iterable[str] = SLURM_CONF_MULTI_KEYS,
-                    kind: str = "slurm.conf") -> ParsedConf:
+                    multi_keys: Iterable[str] = SLURM_CONF_MULTI_KEYS) -> ParsedConf:
     """Parse configuration text as if it were the file ``path`` (Includes are
     resolved relative to ``path``'s directory and read from disk). Same result
     and rules as `parse_conf_file`."""
-    reader = _Reader(path, record_keys, multi_keys, kind)
+    reader = _Reader(path, record_keys, multi_keys)
     reader.out.files.append(path)
     reader.stack.append(os.path.realpath(path))
     reader.read_text(text, path)
@@ -361,5 +362,4 @@ def parse_slurm_conf(path: str | os.PathLike) -> ParsedConf:
 
 def parse_gres_conf(path: str | os.PathLike) -> ParsedConf:
     """Parse a gres.conf (with its Includes); see `parse_conf_file`."""
-    return parse_conf_file(path, record_keys=GRES_CONF_RECORD_KEYS, multi_keys=(),
-                           kind="gres.conf")
+    return parse_conf_file(path, record_keys=GRES_CONF_RECORD_KEYS, multi_keys=())

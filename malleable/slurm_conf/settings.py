@@ -2,7 +2,9 @@
 
 When a controller answered, its value of a setting is what Slurm actually
 does, so it wins; where it differs from the file, `compare` reports the
-difference (a warning for the settings malleable checks, an info otherwise).
+difference (a warning for the settings malleable checks, an info otherwise),
+and the checks also judge the file's value (it runs after the next
+reconfigure or restart).
 A setting neither source gives is unset and Slurm's default applies.
 """
 
@@ -54,6 +56,19 @@ def normalize_value(value: str | None) -> str | None:
     if "," in v:
         v = ",".join(sorted(p.strip() for p in v.split(",") if p.strip()))
     return v
+
+
+def file_form(value: str) -> str:
+    """A value as ``scontrol show config`` prints it, written as slurm.conf takes it:
+    ``"300 sec"`` -> ``"300"``, ``"slurm(64030)"`` -> ``"slurm"``, ``"(null)"`` -> ``""``."""
+    v = value.strip()
+    if v in _NULL:
+        return ""
+    m = _UNIT.match(v)
+    if m:
+        return m.group(1)
+    m = _OWNER.match(v)
+    return m.group(1) if m else v
 
 
 @dataclass(frozen=True)
@@ -139,9 +154,11 @@ def compare(conf: ParsedConf, query: ControllerQuery, checked_path: str) -> list
             out.append(Finding(
                 Severity.WARNING if key_l in checked else Severity.INFO, "controller",
                 e.location,
-                f"{e.key}: the file says {e.value!r} but the running slurmctld uses {raw!r}; "
-                f"the checks use the running value",
-                f"{apply} to apply the file, or set {e.key}={raw} in the file to match what runs"))
+                f"{e.key}: the file says {e.value!r} but the running slurmctld uses {raw!r} "
+                f"(the checks judge both: what runs now, and the file, which runs after the "
+                f"next reconfigure or restart)",
+                f"{apply} to apply the file, or set {e.key}={file_form(raw)} in the file to "
+                f"match what runs"))
     hv = cfg.hash_val
     if hv is not None and hv.strip().lower() != "match":
         out.append(Finding(

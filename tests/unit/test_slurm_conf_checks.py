@@ -287,3 +287,29 @@ def test_snippet_lines_pass_the_checks(tmp_path):
     assert report.findings == [], report.findings
     slow = parse_config({"daemon": {"poll_interval_s": 600}}, env={})
     assert "MinJobAge=1200" in snippet(slow)
+
+
+def test_with_a_controller_both_running_and_file_values_are_judged(tmp_path):
+    from malleable.slurm_conf import build_inventory, parse_gres_conf
+    from malleable.slurm_conf.checks import run_checks
+    text = GOOD.replace("SelectType=select/cons_tres", "SelectType=select/linear").replace(
+        "proctrack/cgroup", "proctrack/linuxproc")
+    (tmp_path / "slurm.conf").write_text(text)
+    (tmp_path / "gres.conf").write_text(GOOD_GRES)
+    conf, gres = parse_slurm_conf(tmp_path / "slurm.conf"), parse_gres_conf(tmp_path / "gres.conf")
+    shown = SHOW_CONFIG.replace("proctrack/cgroup", "proctrack/linuxproc")
+    query = ControllerQuery(True, config=parse_show_config(shown))
+    inv, inv_findings = build_inventory(conf, gres)
+    checks, findings = run_checks(
+        slurm=conf, gres=gres, gres_path=str(tmp_path / "gres.conf"),
+        settings=Settings(conf, query.config), inventory=inv, inventory_findings=inv_findings,
+        controller=query, controller_findings=compare(conf, query, str(tmp_path)),
+        config=DEFAULTS)
+    summary = next(c.summary for c in checks if c.check == "select-type")
+    assert summary.startswith("SelectType=select/cons_tres") and "running" in summary
+    (f,) = [f for f in findings if f.check == "select-type"]
+    assert f.severity == Severity.ERROR and f.location.line == 4
+    assert "select/linear" in f.message and "the file's value" in f.message
+    # A value the file and the controller share is reported once, not twice.
+    (p,) = [f for f in findings if f.check == "proctrack"]
+    assert p.severity == Severity.INFO and "the file's value" not in p.message

@@ -293,3 +293,10 @@ def test_gres_conf_lines(tmp_path):
     assert kinds == [("NodeName", "tux[0-2]", "gpu", "/dev/nvidia[0-3]"),
                      ("Name", "mps", None, None),
                      ("NodeName", "tux3", "gpu", "/dev/nvidia[0,2-3]")]
+
+
+def test_a_fifo_is_refused_not_read(tmp_path):
+    os.mkfifo(tmp_path / "pipe.conf")
+    (tmp_path / "slurm.conf").write_text("Include pipe.conf\n")
+    (f,) = parse_slurm_conf(tmp_path / "slurm.conf").findings
+    assert f.check == "unreadable" and "not a regular file" in f.message
