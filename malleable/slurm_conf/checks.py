@@ -362,6 +362,44 @@ def _from_file(f: Finding) -> Finding:
                    f"another one until `scontrol reconfigure` or a restart]", f.fix)
 
 
+def _version(text: str | None) -> tuple[int, int] | None:
+    try:
+        major, minor = (text or "").split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def check_glob_includes(confs: Iterable[ParsedConf], query: ControllerQuery) -> list[Finding]:
+    """Glob Includes: read here as their matches, but Slurm 22.05 does not expand them.
+
+    Error when the running controller is 22.05 or older, warning when its
+    release is unknown, info when it is newer (the release may expand them).
+    """
+    version = _version(query.config.version if query.config else None)
+    out = []
+    for conf in confs:
+        for loc, pattern, matches in conf.glob_includes:
+            seen = ("Slurm 22.05 (tested) does not expand a glob in Include: it looks for a "
+                    f"file literally named {pattern}, retries for 60 s and fails")
+            fix = ("write one Include line per file: " +
+                   "; ".join(f"Include {m}" for m in matches) if matches else
+                   "write one Include line per file")
+            if version is not None and version <= (22, 5):
+                out.append(_finding(Severity.ERROR, "include", loc,
+                                    f"{seen}; the running slurmctld is "
+                                    f"{query.config.version}", fix))
+            elif version is None:
+                out.append(_finding(Severity.WARNING, "include", loc,
+                                    f"{seen}; if your Slurm release expands globs here, "
+                                    f"this is fine (read as {len(matches)} file(s))", fix))
+            else:
+                out.append(_finding(Severity.INFO, "include", loc,
+                                    f"read as {len(matches)} file(s); {seen} (the running "
+                                    f"slurmctld is {query.config.version})", None))
+    return out
+
+
 def status_of(findings: Iterable[Finding]) -> str:
     """``ok`` when there are no findings, else the worst severity's name."""
     worst = min((f.severity for f in findings), key=lambda s: s.rank, default=None)
@@ -392,6 +430,8 @@ def run_checks(*, slurm: ParsedConf, gres: ParsedConf | None, gres_path: str,
         reported as well (marked as the file's value).
     """
     file_findings = list(slurm.findings) + (list(gres.findings) if gres is not None else [])
+    file_findings += check_glob_includes([slurm] + ([gres] if gres is not None else []),
+                                         controller)
     files = slurm.files + (gres.files if gres is not None else [])
     results: dict[str, tuple[str, list[Finding]]] = {
         "files": ("read " + ", ".join(files) if files else "nothing read", file_findings),

@@ -14,10 +14,14 @@ The rules, from Slurm's ``parse_config.c`` and slurm.conf(5) (Slurm 22.05):
 * Record lines (slurm.conf: NodeName, PartitionName, NodeSet, DownNodes,
   FrontendName; gres.conf: NodeName, Name) carry further ``Key=Value``
   parameters on the same line.
-* ``Include PATH`` reads another file in place. A relative PATH is relative to
-  the directory of the including file; ``%c`` is replaced by the lower-cased
-  ClusterName; shell globs (``Include conf.d/*.conf``) read every match in
-  sorted order, as newer Slurm releases do.
+* ``Include PATH`` (at the very start of the line: Slurm 22.05 refuses
+  ``  Include x`` with a "Parse error") reads another file in place. A
+  relative PATH is relative to the directory of the including file; ``%c`` is
+  replaced by the lower-cased ClusterName. Shell globs (``Include
+  conf.d/*.conf``) are read as every match in sorted order, and each glob
+  Include is recorded in ``ParsedConf.glob_includes``: Slurm 22.05 does not
+  expand them (seen with its scontrol: it looks for a file literally named
+  ``*.conf``, retries for 60 s and fails), so the checks report them.
 
 Nothing here raises for bad input: a syntax error, an unreadable or missing
 file, a bad Include and a repeated key are `Finding` records with the file
@@ -48,7 +52,8 @@ SLURM_CONF_MULTI_KEYS = ("SlurmctldHost",)
 MAX_INCLUDE_DEPTH = 16
 
 _KV = re.compile(r'\s*([A-Za-z0-9_.]+)\s*([-*+/]?)=\s*(?:"([^"]*)"|(\S+))(?=\s|$)')
-_INCLUDE = re.compile(r"\s*include\s+(\S+)(.*)$", re.IGNORECASE | re.DOTALL)
+_INCLUDE = re.compile(r"include\s+(\S+)(.*)$", re.IGNORECASE | re.DOTALL)
+_INDENTED_INCLUDE = re.compile(r"\s+include\s", re.IGNORECASE)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -94,6 +99,7 @@ class ParsedConf:
         records: record lines in order.
         findings: syntax errors, unreadable files, bad includes, repeated keys.
         readable: False when the top-level file itself could not be read.
+        glob_includes: ``(location, pattern, matches)`` of each Include with a glob.
     """
 
     path: str
@@ -102,6 +108,7 @@ class ParsedConf:
     records: list[Record] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     readable: bool = True
+    glob_includes: list[tuple[Location, str, tuple[str, ...]]] = field(default_factory=list)
 
     def entry(self, key: str) -> Entry | None:
         """The statement that sets ``key`` (case-insensitive; the last one wins, as in Slurm)."""
@@ -249,6 +256,11 @@ class _Reader:
             self.statement(line, Location(path, lineno))
 
     def statement(self, line: str, loc: Location) -> None:
+        if _INDENTED_INCLUDE.match(line):
+            self.error(loc, "syntax", "Include must start at the beginning of the line "
+                       "(Slurm stops with 'Parse error' at an indented Include)",
+                       f"remove the blanks before: {line.strip()}")
+            line = line.lstrip()
         inc = _INCLUDE.match(line)
         if inc:
             self.include(inc.group(1), inc.group(2), loc)
@@ -312,6 +324,7 @@ class _Reader:
             target = os.path.join(os.path.dirname(loc.path) or ".", target)
         if _GLOB_CHARS.search(target):
             matches = sorted(glob.glob(target))
+            self.out.glob_includes.append((loc, target, tuple(matches)))
             if not matches:
                 self.error(loc, "include", f"Include {target} matches no file",
                            "correct the pattern or remove the Include line",

@@ -313,3 +313,22 @@ def test_with_a_controller_both_running_and_file_values_are_judged(tmp_path):
     # A value the file and the controller share is reported once, not twice.
     (p,) = [f for f in findings if f.check == "proctrack"]
     assert p.severity == Severity.INFO and "the file's value" not in p.message
+
+
+@pytest.mark.parametrize("version,severity", [
+    ("22.05.8", Severity.ERROR), ("21.08.1", Severity.ERROR), (None, Severity.WARNING),
+    ("24.11.1", Severity.INFO),
+])
+def test_glob_includes_depend_on_the_running_release(tmp_path, version, severity):
+    from malleable.slurm_conf.checks import check_glob_includes
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.conf").write_text("")
+    (tmp_path / "slurm.conf").write_text("Include d/*.conf\n")
+    conf = parse_slurm_conf(tmp_path / "slurm.conf")
+    text = SHOW_CONFIG.replace("22.05.8", version or "x")
+    query = ControllerQuery(True, config=parse_show_config(text)) if version else \
+        ControllerQuery(False)
+    (f,) = check_glob_includes([conf], query)
+    assert f.severity == severity and f.check == "include" and f.location.line == 1
+    if severity != Severity.INFO:
+        assert f.fix == f"write one Include line per file: Include {tmp_path / 'd' / 'a.conf'}"

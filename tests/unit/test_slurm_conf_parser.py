@@ -300,3 +300,24 @@ def test_a_fifo_is_refused_not_read(tmp_path):
     (tmp_path / "slurm.conf").write_text("Include pipe.conf\n")
     (f,) = parse_slurm_conf(tmp_path / "slurm.conf").findings
     assert f.check == "unreadable" and "not a regular file" in f.message
+
+
+def test_an_indented_include_is_a_syntax_error_but_is_still_read(tmp_path):
+    # scontrol 22.05: 'Parse error in file ... line 2: "  Include conf.d/a.conf"'
+    (tmp_path / "a.conf").write_text("MinJobAge=10\n")
+    (tmp_path / "slurm.conf").write_text("ClusterName=c\n  Include a.conf\n")
+    conf = parse_slurm_conf(tmp_path / "slurm.conf")
+    (f,) = conf.findings
+    assert f.check == "syntax" and f.location.line == 2 and "beginning of the line" in f.message
+    assert f.fix == "remove the blanks before: Include a.conf"
+    assert conf.get("MinJobAge") == "10"
+
+
+def test_glob_includes_are_recorded(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.conf").write_text("")
+    (tmp_path / "slurm.conf").write_text("Include d/*.conf\n")
+    conf = parse_slurm_conf(tmp_path / "slurm.conf")
+    ((loc, pattern, matches),) = conf.glob_includes
+    assert loc.line == 1 and pattern == str(tmp_path / "d" / "*.conf")
+    assert matches == (str(tmp_path / "d" / "x.conf"),)
