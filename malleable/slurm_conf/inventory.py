@@ -117,21 +117,21 @@ def _nodes(slurm: ParsedConf, findings: list[Finding]) -> list[_Node]:
 def _nodesets(slurm: ParsedConf, nodes: list[_Node], findings: list[Finding]) -> dict[str, list[str]]:
     sets: dict[str, list[str]] = {}
     for rec in slurm.records_of("NodeSet"):
-        members: list[str] = []
+        members: dict[str, None] = {}          # an ordered set
         feature = rec.get("feature")
         if feature:
-            members += [n.name for n in nodes
-                        if feature.lower() in {f.strip().lower() for f in
-                                               (n.params.get("features") or n.params.get("feature")
-                                                or "").split(",")}]
+            members.update((n.name, None) for n in nodes
+                           if feature.lower() in {f.strip().lower() for f in
+                                                  (n.params.get("features")
+                                                   or n.params.get("feature") or "").split(",")})
         if rec.get("nodes"):
             try:
-                members += [m for m in expand_hostlist(rec.get("nodes") or "") if m not in members]
+                members.update((m, None) for m in expand_hostlist(rec.get("nodes") or ""))
             except HostlistError as exc:
                 findings.append(Finding(Severity.ERROR, "partitions", rec.location,
                                         f"NodeSet={rec.name} Nodes=: {exc}",
                                         "write Nodes= as a hostlist such as node[1-4]"))
-        sets[rec.name] = members
+        sets[rec.name] = list(members)
     return sets
 
 
@@ -148,7 +148,7 @@ def _partitions(slurm: ParsedConf, nodes: list[_Node], sets: dict[str, list[str]
                 f"ignores the repeated definition", f"define {rec.name} on one line only"))
             continue
         seen[rec.name] = rec.location
-        members: list[str] = []
+        members: dict[str, None] = {}          # an ordered set
         unknown: list[str] = []
         for item in _split_nodes(params.get("nodes", "")):
             if item.upper() == "ALL":
@@ -165,14 +165,14 @@ def _partitions(slurm: ParsedConf, nodes: list[_Node], sets: dict[str, list[str]
                     continue
                 unknown += [n for n in names if n not in known]
                 names = [n for n in names if n in known]
-            members += [n for n in names if n not in members]
+            members.update((n, None) for n in names)
         if unknown:
             findings.append(Finding(
                 Severity.ERROR, "partitions", rec.location,
                 f"partition {rec.name} names nodes that no NodeName line defines: "
                 f"{compress_hostlist(unknown)} (slurmctld refuses to start)",
                 f"define them with NodeName=... or remove them from Nodes= of {rec.name}"))
-        out.append((rec, params, members))
+        out.append((rec, params, list(members)))
     return out
 
 
@@ -271,14 +271,21 @@ def _cross_check(nodes: list[_Node], gres: ParsedConf | None, gres_path: str,
         key = (kind, loc, detail)
         problems.setdefault(key, _NodeProblem(sev, kind, loc, detail)).nodes.append(node)
 
+    # Lines by node (in file order), so that the cost is linear in nodes + lines.
+    everywhere = [i for i, ln in enumerate(lines) if ln.nodes is None]
+    naming: dict[str, list[int]] = defaultdict(list)
+    for i, ln in enumerate(lines):
+        for name in ln.nodes or ():
+            naming[name].append(i)
     for node in nodes:
+        named = [lines[i] for i in naming.get(node.name, ())]
         auto = global_auto
-        for line in lines:
-            if line.autodetect and line.nodes is not None and node.name in line.nodes:
+        for line in named:
+            if line.autodetect:
                 auto = line.autodetect
         auto = None if auto is None or auto.lower() == AUTODETECT_OFF else auto
-        mine = [ln for ln in lines if (ln.name or "").lower() == GPU
-                and (ln.nodes is None or node.name in ln.nodes)]
+        applicable = [lines[i] for i in sorted(everywhere + naming.get(node.name, []))]
+        mine = [ln for ln in applicable if (ln.name or "").lower() == GPU]
         files = tuple(f for ln in mine for f in ln.files)
         counted = [ln.count for ln in mine if ln.count is not None]
         gres_gpus = sum(counted) if mine else None

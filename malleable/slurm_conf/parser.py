@@ -237,9 +237,9 @@ class _Reader:
                 fix = (f"create {path}, or correct the Include line at {included_from}"
                        if included_from else f"create {path} or point to the right file")
             elif isinstance(exc, PermissionError):
-                fix = (f"make {path} readable by the user running this check "
-                       f"(slurm.conf(5): it must be readable by all users of Slurm), "
-                       f"e.g. chmod a+r {path}, or run the check as root or SlurmUser")
+                fix = (f"make {path} readable by the user running this check, e.g. "
+                       f"chmod a+r {path} (slurm.conf(5): slurm.conf must be readable by "
+                       f"all users of Slurm), or run the check as root or SlurmUser")
             else:
                 fix = f"make {path} a readable regular file"
             self.error(Location(path), "unreadable", f"cannot read {path}{where}: {cause}", fix)
