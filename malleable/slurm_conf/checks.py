@@ -14,9 +14,10 @@ Severity decisions (the reasons are in each message):
   cons_tres-only per sbatch(1), malleable counts job sizes in GPUs, and the
   fix is cheap: cons_res -> cons_tres is the one SelectType change that keeps
   running and pending jobs (slurm.conf(5)).
-* ``JobRequeue=0`` is a warning: ``malleable submit`` adds ``--requeue``, so
-  its jobs can still be checkpoint-requeued; only jobs submitted some other
-  way without ``--requeue`` cannot.
+* ``JobRequeue=0`` is an error: checkpoint-requeue is how malleable grows
+  and shrinks jobs, and with it every malleable job submitted without
+  ``--requeue`` is left at its size (``malleable submit`` adds ``--requeue``,
+  so its jobs still work; the finding says so).
 * ``MinJobAge`` below two poll intervals is a warning: a job that ends just
   after one poll can be purged before the next, and the daemon never sees its
   final state. ``MinJobAge=0`` (never purge) is an info.
@@ -79,7 +80,7 @@ def check_job_requeue(settings: Settings) -> tuple[str, list[Finding]]:
         return f"JobRequeue=1 ({s.where})", []
     if v == "0":
         return f"JobRequeue=0 ({s.where})", [_finding(
-            Severity.WARNING, "job-requeue", s.location,
+            Severity.ERROR, "job-requeue", s.location,
             "JobRequeue=0: batch jobs are not requeueable unless submitted with --requeue. "
             "`malleable submit` adds --requeue, so its jobs can be resized; a malleable job "
             "submitted with plain sbatch and no --requeue cannot be grown or shrunk by "

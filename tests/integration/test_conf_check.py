@@ -102,7 +102,8 @@ def test_running_controller_overrides_a_changed_file(slurm, tmp_path, clean_env)
                     .replace("MinJobAge=300\n", "MinJobAge=30\n"))
     shutil.copy(slurm.conf.parent / "gres.conf", tmp_path / "gres.conf")
     proc = run_cli("check", "--slurm-conf", str(copy), "--json", env=clean_env)
-    assert proc.returncode == 0, proc.stderr
+    # The file's JobRequeue=0 is an error that takes effect at the next restart.
+    assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     diffs = {(f["line"], f["severity"]) for f in doc["controller"]["differences"]}
     lines = text.splitlines()
@@ -117,14 +118,14 @@ def test_running_controller_overrides_a_changed_file(slurm, tmp_path, clean_env)
     # The running values pass; the file's values are reported as what runs after a reconfigure.
     summaries = {c["check"]: c["summary"] for c in doc["checks"]}
     assert "JobRequeue=1" in summaries["job-requeue"] and "running" in summaries["job-requeue"]
-    for check in ("job-requeue", "min-job-age"):
+    for check, severity in (("job-requeue", "error"), ("min-job-age", "warning")):
         (f,) = [f for f in doc["findings"] if f["check"] == check]
-        assert f["severity"] == "warning" and "the file's value" in f["message"]
+        assert f["severity"] == severity and "the file's value" in f["message"]
     # Without the controller the file alone is judged.
     proc = run_cli("check", "--slurm-conf", str(copy), "--no-controller", "--json",
                    env=clean_env)
     checks = {c["check"]: c["status"] for c in json.loads(proc.stdout)["checks"]}
-    assert checks["job-requeue"] == "warning" and checks["min-job-age"] == "warning"
+    assert checks["job-requeue"] == "error" and checks["min-job-age"] == "warning"
 
 
 def _break(text: str, old: str, new: str) -> str:
@@ -136,7 +137,7 @@ CRAFTED = {
     # name: (edit of slurm.conf, edit of gres.conf, check, severity, file, fix contains)
     "no-gres-files": (None, ("File=", "Count=4 #"), "gpu-devices", "error", "gres.conf",
                       "File="),
-    "job-requeue-0": (("JobRequeue=1", "JobRequeue=0"), None, "job-requeue", "warning",
+    "job-requeue-0": (("JobRequeue=1", "JobRequeue=0"), None, "job-requeue", "error",
                       "slurm.conf", "JobRequeue=1"),
     "select-linear": (("SelectType=select/cons_tres", "SelectType=select/linear"), None,
                       "select-type", "error", "slurm.conf", "SelectType=select/cons_tres"),
@@ -158,7 +159,7 @@ def test_crafted_broken_configs(slurm, tmp_path, clean_env, name):
     (tmp_path / "slurm.conf").write_text(text)
     (tmp_path / "gres.conf").write_text(gres)
     args = ["check", "--slurm-conf", str(tmp_path / "slurm.conf"), "--no-controller"]
-    # A warning fails the check only with --strict (JobRequeue=0 is a warning: see checks.py).
+    # A warning fails the check only with --strict.
     strict = ["--strict"] if severity == "warning" else []
     plain = run_cli(*args, *strict, env=clean_env)
     assert plain.returncode == 1, plain.stdout

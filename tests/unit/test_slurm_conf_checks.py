@@ -86,7 +86,7 @@ def test_defaults_are_fine_except_select_type(tmp_path):
      "SelectType=select/cons_tres"),
     ("SelectType=select/cons_tres", "SelectType=select/cons_res", "select-type", "error",
      "SelectType=select/cons_tres"),
-    ("JobRequeue=1", "JobRequeue=0", "job-requeue", "warning", "JobRequeue=1"),
+    ("JobRequeue=1", "JobRequeue=0", "job-requeue", "error", "JobRequeue=1"),
     ("JobRequeue=1", "JobRequeue=yes", "job-requeue", "error", "JobRequeue=1"),
     ("GresTypes=gpu", "GresTypes=mps", "gres-types", "error", "GresTypes=mps,gpu"),
     ("MinJobAge=300", "MinJobAge=30", "min-job-age", "warning", "MinJobAge=300"),

@@ -64,13 +64,21 @@ def test_error_findings_print_location_and_fix_and_exit_1(tmp_path):
 
 
 def test_warnings_exit_0_unless_strict(tmp_path):
-    path = write(tmp_path, GOOD.replace("JobRequeue=1", "JobRequeue=0"))
+    path = write(tmp_path, GOOD.replace("MinJobAge=300", "MinJobAge=30"))
     result = invoke("check", "--slurm-conf", path, "--no-controller")
     assert result.exit_code == 0
-    assert f"WARNING [job-requeue] {path}:7" in result.output
+    assert f"WARNING [min-job-age] {path}:8" in result.output
+    assert "fix: MinJobAge=300" in result.output
+    assert invoke("check", "--slurm-conf", path, "--no-controller", "--strict").exit_code == 1
+
+
+def test_job_requeue_0_is_an_error(tmp_path):
+    path = write(tmp_path, GOOD.replace("JobRequeue=1", "JobRequeue=0"))
+    result = invoke("check", "--slurm-conf", path, "--no-controller")
+    assert result.exit_code == 1
+    assert f"ERROR [job-requeue] {path}:7" in result.output
     assert "`malleable submit` adds --requeue" in " ".join(result.output.split())
     assert "fix: JobRequeue=1" in result.output
-    assert invoke("check", "--slurm-conf", path, "--no-controller", "--strict").exit_code == 1
 
 
 def test_default_path_comes_from_slurm_conf_env(tmp_path):
@@ -184,11 +192,11 @@ def test_json_broken_config_lists_each_finding_with_line_and_fix(tmp_path):
     got = {(f["check"], f["severity"], f["path"].rsplit("/", 1)[-1], f["line"])
            for f in doc["findings"]}
     assert got == {("select-type", "error", "slurm.conf", 4),
-                   ("job-requeue", "warning", "slurm.conf", 7),
+                   ("job-requeue", "error", "slurm.conf", 7),
                    ("syntax", "error", "slurm.conf", 8),
                    ("gpu-devices", "error", "gres.conf", 1)}
     assert all(f["fix"] for f in doc["findings"])
-    assert doc["ok"] is False and doc["summary"]["errors"] == 3
+    assert doc["ok"] is False and doc["summary"]["errors"] == 4
 
 
 def test_snippet_command(tmp_path):
