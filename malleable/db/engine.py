@@ -188,6 +188,10 @@ def _install_error_hook(engine: Engine, where: str) -> None:
     @event.listens_for(engine, "handle_error")
     def _on_error(ctx: ExceptionContext) -> None:
         exc = ctx.sqlalchemy_exception
+        conn = ctx.connection
+        if (conn is not None and conn.get_execution_options().get(_READONLY_OPTION)
+                and "readonly" in str(ctx.original_exception).lower()):
+            return  # a write in a read-only session: the caller's bug, not the database's
         if exc is not None and _is_unavailable(exc):
             raise DatabaseUnavailable(where, _cause_of(exc)) from exc
 

@@ -162,8 +162,8 @@ def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:
     ids = list(dict.fromkeys(slurm_job_ids))
     out: dict[str, int] = {}
     for part in _chunks(ids):
-        out.update(session.execute(select(Job.slurm_job_id, Job.id)
-                                   .where(Job.slurm_job_id.in_(part))).tuples())
+        out.update((sid, jid) for sid, jid in session.execute(
+            select(Job.slurm_job_id, Job.id).where(Job.slurm_job_id.in_(part))))
     return out
 
 
