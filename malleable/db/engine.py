@@ -54,6 +54,8 @@ from malleable.config import Config, DatabaseConfig
 from malleable.db.errors import DatabaseUnavailable
 
 WAL_SIZE_LIMIT_BYTES = 64 << 20
+# An SQLite I/O error on a file system with less free space than this is reported as "disk full".
+_FULL_BELOW_BYTES = 1 << 20
 _READONLY_OPTION = "malleable_readonly"
 
 # sqlite3 messages (lower case) -> the cause we report; anything else keeps SQLite's words.
@@ -91,12 +93,30 @@ def sqlite_path(url: str | URL) -> Path | None:
     return Path(db)
 
 
-def _cause_of(exc: BaseException) -> str:
+def _free_bytes(path: Path | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _cause_of(exc: BaseException, path: Path | None = None) -> str:
+    """One line saying why ``exc`` happened; for SQLite I/O errors, whether the disk is full."""
     orig = getattr(exc, "orig", None) or exc
     msg = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    if isinstance(orig, sqlite3.Error):
-        return _SQLITE_CAUSES.get(msg.lower(), msg)
-    return msg
+    if not isinstance(orig, sqlite3.Error):
+        return msg
+    cause = _SQLITE_CAUSES.get(msg.lower(), msg)
+    if msg.lower() == "disk i/o error":
+        name = getattr(orig, "sqlite_errorname", "")
+        cause = f"disk I/O error ({name})" if name else cause
+        free = _free_bytes(path)
+        if free is not None and free < _FULL_BELOW_BYTES:
+            cause = f"disk full ({free} bytes free; {cause})"
+    return cause
 
 
 def _is_unavailable(exc: BaseException) -> bool:
@@ -184,7 +204,7 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _install_error_hook(engine: Engine, where: str) -> None:
+def _install_error_hook(engine: Engine, where: str, path: Path | None) -> None:
     @event.listens_for(engine, "handle_error")
     def _on_error(ctx: ExceptionContext) -> None:
         exc = ctx.sqlalchemy_exception
@@ -193,7 +213,7 @@ def _install_error_hook(engine: Engine, where: str) -> None:
                 and "readonly" in str(ctx.original_exception).lower()):
             return  # a write in a read-only session: the caller's bug, not the database's
         if exc is not None and _is_unavailable(exc):
-            raise DatabaseUnavailable(where, _cause_of(exc)) from exc
+            raise DatabaseUnavailable(where, _cause_of(exc, path)) from exc
 
 
 def make_engine(url: str, *, busy_timeout_ms: int = 30000, create: bool = True,
@@ -238,7 +258,7 @@ def make_engine(url: str, *, busy_timeout_ms: int = 30000, create: bool = True,
         raise DatabaseUnavailable(where, f"no driver for {u.drivername} ({exc})") from exc
     if u.get_backend_name() == "sqlite":
         _install_sqlite_hooks(engine, busy_timeout_ms)
-    _install_error_hook(engine, where)
+    _install_error_hook(engine, where, path)
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -250,7 +270,7 @@ def make_engine(url: str, *, busy_timeout_ms: int = 30000, create: bool = True,
         raise
     except DBAPIError as exc:
         engine.dispose()
-        raise DatabaseUnavailable(where, _cause_of(exc)) from exc
+        raise DatabaseUnavailable(where, _cause_of(exc, path)) from exc
     except OSError as exc:
         engine.dispose()
         cause = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
