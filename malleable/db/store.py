@@ -16,7 +16,7 @@ times are timezone-aware UTC datetimes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -228,6 +228,9 @@ class SampleIn:
     grad_var: float | None = None
 
 
+_SAMPLE_FIELDS = tuple(f.name for f in fields(SampleIn))
+
+
 def add_progress_samples(session: Session, samples: Iterable[SampleIn | Mapping[str, Any]]
                          ) -> int:
     """Append progress samples in bulk (one executemany). Returns the number stored.
@@ -236,9 +239,11 @@ def add_progress_samples(session: Session, samples: Iterable[SampleIn | Mapping[
         ValueError: a naive time.
         sqlalchemy.exc.IntegrityError: a ``job_id`` that is not in ``jobs``.
     """
-    rows = [asdict(s) if isinstance(s, SampleIn) else dict(s) for s in samples]
+    rows = [{f: getattr(s, f) for f in _SAMPLE_FIELDS} if isinstance(s, SampleIn) else dict(s)
+            for s in samples]
     if rows:
-        session.execute(insert(ProgressSample), rows)
+        # Core executemany: no ORM identity bookkeeping for rows nobody reads back.
+        session.execute(insert(ProgressSample.__table__), rows)
     return len(rows)
 
 

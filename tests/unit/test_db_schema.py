@@ -139,3 +139,17 @@ def test_upgrade_downgrade_errors(engine, newer_malleable):
         schema.upgrade(engine, "0001")
     assert schema.downgrade(engine, "0001") == ("9001", "0001")
     assert schema.known_revisions() == ["0001", "9001"]
+
+
+def test_migrations_ship_in_the_package_without_alembic_ini():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["*"]
+    assert "*.mako" in patterns                      # script.py.mako; .py files are packages
+    mig = Path(migrations_pkg.__file__).parent
+    for f in ("__init__.py", "env.py", "script.py.mako", "versions/__init__.py"):
+        assert (mig / f).is_file(), f
+    assert not list(mig.rglob("alembic.ini"))
+    assert schema.known_revisions()[0] == "0001"
