@@ -9,8 +9,11 @@ port number. It stops exactly that server (``pg_ctl -D <its dir> stop``) and
 removes the directory at the end. No system-wide cluster is started,
 stopped or changed.
 
-``postgres_url`` (per test): a new, empty database on that server; its
-SQLAlchemy URL (``postgresql+psycopg://postgres@/NAME?host=DIR&port=PORT``).
+``postgres_session_url`` (session scope): a database "malleable" on that
+server, created once; its SQLAlchemy URL
+(``postgresql+psycopg://postgres@/NAME?host=DIR&port=PORT``).
+
+``postgres_url`` (per test): a new, empty database on that server; its URL.
 The database is dropped after the test.
 """
 
@@ -134,6 +137,13 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def postgres_session_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """One database ("malleable") on the private server for the whole session; its URL."""
+    postgres_server.psql("CREATE DATABASE malleable")
+    yield postgres_server.url("malleable")
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ own cycle never wait long for the write lock:
    by ``ON DELETE CASCADE``.
 3. Prune decisions older than ``finished_job_days`` (with their targets).
 
-A job with an unfinished action is never pruned and a decision an unfinished
-action refers to is never deleted: the condition is part of the DELETE
-statement itself, so an action created concurrently is respected.
+Retention never touches a job with an unfinished action: it is neither
+pruned nor thinned, and a decision an unfinished action refers to is never
+deleted. The condition is part of each DELETE statement itself, so an action
+created concurrently is respected.
 
 Deleted rows leave free pages in the SQLite file that later inserts reuse:
 the file stays at its high-water mark instead of shrinking (``VACUUM`` by
@@ -84,14 +85,17 @@ def _thin(engine: Engine, model: type, now: datetime, full_s: float, max_per_job
     for i in range(0, len(jobs), JOBS_PER_TRANSACTION):
         with engine.begin() as conn:
             for job_id in jobs[i:i + JOBS_PER_TRANSACTION]:
+                idle = ~exists().where(and_(Action.job_id == job_id,
+                                            Action.finished_at.is_(None)))
                 ids = [r[0] for r in conn.execute(
-                    select(id_col).where(job_col == job_id, time_col < cutoff)
+                    select(id_col).where(job_col == job_id, time_col < cutoff, idle)
                     .order_by(time_col, id_col))]
                 keep = set(thinned_ranks(len(ids), max_per_job))
                 drop = [x for r, x in enumerate(ids) if r not in keep]
                 for j in range(0, len(drop), ROWS_PER_DELETE):
                     deleted += conn.execute(
-                        delete(model).where(id_col.in_(drop[j:j + ROWS_PER_DELETE]))).rowcount
+                        delete(model).where(id_col.in_(drop[j:j + ROWS_PER_DELETE]), idle)
+                    ).rowcount
     return deleted
 
 

@@ -139,9 +139,14 @@ def test_store_and_retention(engine):
         assert store.active_policy(s, "default") == ("hesrpt", {"p": 0.6})
         assert len(store.unfinished_actions(s)) == 1
         assert [e.kind for e in store.job_events(s, ids["1"])] == ["new", "size"]
-    rep = retention.apply_retention(engine, RetentionConfig(
-        finished_job_days=30, progress_full_s=10, progress_max_per_job=5), T0)
-    assert rep.jobs_pruned == 1 and rep.samples_deleted == 50 - 11 - 5
+    cfg = RetentionConfig(finished_job_days=30, progress_full_s=10, progress_max_per_job=5)
+    rep = retention.apply_retention(engine, cfg, T0)
+    assert rep.jobs_pruned == 1 and rep.samples_deleted == 0   # job 1 has an unfinished action
+    with Session() as s, s.begin():
+        store.update_action(s, store.unfinished_actions(s)[0].id, now=T0, state="done",
+                            finished=True)
+    rep = retention.apply_retention(engine, cfg, T0)
+    assert rep.samples_deleted == 50 - 11 - 5
 
 
 def _race(url: str, holder: str, barrier, results) -> None:
@@ -175,3 +180,12 @@ def test_lease_race_has_one_winner(engine, url):
     # stale: a later daemon takes it over
     later = T0 + timedelta(seconds=301)
     assert acquire_lease(engine, "new:1", timeout_s=300, now=later).holder == "new:1"
+
+
+@pytest.mark.postgres
+def test_session_database_is_usable(postgres_session_url):
+    eng = make_engine(postgres_session_url)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT current_database()")).scalar() == "malleable"
+        conn.rollback()
+    eng.dispose()

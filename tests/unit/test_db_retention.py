@@ -126,6 +126,21 @@ def test_prune_finished_jobs_with_children_but_never_with_unfinished_action(engi
     assert retention.apply_retention(engine, cfg, NOW).jobs_pruned == 1
 
 
+def test_job_with_unfinished_action_is_not_thinned(engine):
+    Session = session_factory(engine)
+    with Session() as s, s.begin():
+        a = _job(s, "1")
+        store.add_progress_samples(s, [store.SampleIn(a, NOW - timedelta(days=1, seconds=i), i,
+                                                      i, 1, 8) for i in range(30)])
+        act = store.create_action(s, job_id=a, kind="requeue", state="signal", to_gpus=2,
+                                  now=NOW)
+    assert retention.downsample_progress(engine, NOW, full_s=60, max_per_job=10) == 0
+    with Session() as s, s.begin():
+        assert store.count_samples(s, a) == 30
+        store.update_action(s, act.id, now=NOW, state="done", finished=True)
+    assert retention.downsample_progress(engine, NOW, full_s=60, max_per_job=10) == 20
+
+
 def test_negative_settings_refused(engine):
     with pytest.raises(ValueError, match="days = -1"):
         retention.prune_finished_jobs(engine, NOW, days=-1)
