@@ -218,8 +218,12 @@ def main() -> int:
     cfg = RetentionConfig(finished_job_days=30, progress_full_s=3600, progress_max_per_job=50)
     t = time.perf_counter()
     rep = retention.apply_retention(engine, cfg, T0 + timedelta(days=1))
-    print(f"retention (thin {total:,} samples to 50 per job): {time.perf_counter() - t:.2f} s, "
-          f"{rep.samples_deleted:,} samples and {rep.estimates_deleted:,} estimates deleted")
+    dt = time.perf_counter() - t
+    with session_factory(engine, readonly=True)() as s:
+        busy = len({a.job_id for a in store.unfinished_actions(s)})
+    print(f"retention (thin {total:,} samples to 50 per job; the {busy:,} jobs with an "
+          f"unfinished action are left alone): {dt:.2f} s, {rep.samples_deleted:,} samples and "
+          f"{rep.estimates_deleted:,} estimates deleted")
     engine.dispose()
     if tmp is not None:
         tmp.cleanup()
