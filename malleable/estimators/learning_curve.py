@@ -58,6 +58,7 @@ class CurveStats(NamedTuple):
                    best_min=np.full(J, np.inf))
 
 
+@np.errstate(all="ignore")  # non-finite intermediate values are masked
 def add_points(stats: CurveStats, job: np.ndarray, p: np.ndarray, y: np.ndarray,
                alphas: np.ndarray) -> CurveStats:
     """Add metric samples (progress p, metric y) of some jobs to their statistics.
@@ -84,19 +85,21 @@ def add_points(stats: CurveStats, job: np.ndarray, p: np.ndarray, y: np.ndarray,
     new_scale = np.isnan(scale[job[first]])
     scale[job[first][new_scale]] = p[first][new_scale]
     lx = np.log(p / scale[job])                                   # (N,)
-    x = np.exp(-np.outer(np.maximum(lx, -50.0), alphas))          # (N, G)
+    # (G, N): samples along the contiguous axis, so the segment sums are fast.
+    x = np.exp(-np.outer(alphas, np.maximum(lx, -50.0)))
     starts = np.flatnonzero(first)
     rows = job[starts]
+
     def seg(v):
-        return np.add.reduceat(v, starts, axis=0)
+        return np.add.reduceat(v, starts, axis=-1)
     sw, sy, syy = stats.sw.copy(), stats.sy.copy(), stats.syy.copy()
     sx, sxx, sxy = stats.sx.copy(), stats.sxx.copy(), stats.sxy.copy()
     sw[rows] += seg(np.ones_like(y))
     sy[rows] += seg(y)
     syy[rows] += seg(y * y)
-    sx[rows] += seg(x)
-    sxx[rows] += seg(x * x)
-    sxy[rows] += seg(x * y[:, None])
+    sx[rows] += seg(x).T
+    sxx[rows] += seg(x * x).T
+    sxy[rows] += seg(x * y).T
     count = stats.count.copy()
     count[rows] += np.diff(np.r_[starts, job.size])
     best_max = stats.best_max.copy()
@@ -110,9 +113,14 @@ class CurvePrediction(NamedTuple):
     """Where J jobs' fitted curves reach their target metric.
 
     Attributes:
-        progress: (J,) expected progress (samples at m0) at which the target is
-            reached, given that it is (NaN where not fitted or unreachable).
-        progress_std: (J,) its standard deviation.
+        progress: (J,) progress (samples at m0) at which the target is reached,
+            given that it is: the posterior geometric mean (a median, robust to
+            the long right tail); NaN where not fitted or unreachable.
+        progress_std: (J,) the posterior standard deviation (of the mixture
+            of log-normals, so it carries that tail).
+        log_std: (J,) standard deviation of the log of that progress: the
+            range ``progress * exp(+-log_std)`` holds about 68 % of the
+            posterior (a quantile range that the tail does not inflate).
         p_reach: (J,) probability (over the exponent grid) that the curve
             reaches the target at all.
         reached: (J,) bool, the best metric so far already meets the target.
@@ -122,6 +130,7 @@ class CurvePrediction(NamedTuple):
 
     progress: np.ndarray
     progress_std: np.ndarray
+    log_std: np.ndarray
     p_reach: np.ndarray
     reached: np.ndarray
     fitted: np.ndarray
@@ -215,11 +224,17 @@ def _predict_target(stats, alphas, target, direction, progress_now, min_points, 
     m1 = np.sum(wn * np.exp(lp + 0.5 * var_l), axis=1)
     m2 = np.sum(wn * np.exp(2 * lp + 2 * var_l), axis=1)
     ok = fitted & (p_reach > 0)
-    progress = np.where(ok, m1, np.nan)
+    # Point estimate: the geometric mean (median of a log-normal), not the mean,
+    # which the long right tail of a near-asymptote crossing would dominate.
+    mean_log = np.sum(wn * lp, axis=1)
+    progress = np.where(ok, np.exp(mean_log), np.nan)
+    log_std = np.sqrt(np.maximum(np.sum(wn * (var_l + (lp - mean_log[:, None]) ** 2), axis=1),
+                                 0.0))
+    log_std = np.where(ok, log_std, np.nan)
     std = np.where(ok, np.sqrt(np.maximum(m2 - m1 ** 2, 0.0)), np.nan)
     best = np.argmax(wts, axis=1)
     asym = np.where(fitted, a[np.arange(a.shape[0]), best], np.nan)
-    return CurvePrediction(progress=progress, progress_std=std,
+    return CurvePrediction(progress=progress, progress_std=std, log_std=log_std,
                            p_reach=np.where(fitted, p_reach, 0.0), reached=reached,
                            fitted=fitted, asymptote=asym)
 

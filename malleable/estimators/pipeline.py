@@ -20,7 +20,7 @@ import numpy as np
 
 from malleable.estimators.efficiency import optimal_batch
 from malleable.estimators.inputs import JobSpecs, ProgressBatch, WorkHistory
-from malleable.estimators.learning_curve import predict_target
+from malleable.estimators.learning_curve import CurvePrediction, CurveStats, predict_target
 from malleable.estimators.params import (
     NUM_PARAMS,
     EstimateFlags,
@@ -301,8 +301,12 @@ def _remaining(state: EstimatorState, specs: JobSpecs, progress: np.ndarray,
 
     metric = ~exact & np.isfinite(specs.target_metric)
     if np.any(metric):
-        cp = predict_target(state.curve, np.asarray(config.curve_exponents), specs.target_metric,
-                            specs.metric_direction, progress, min_points=config.curve_min_points)
+        rows = np.flatnonzero(metric)
+        sub = predict_target(CurveStats(*(a[rows] for a in state.curve)),
+                             np.asarray(config.curve_exponents), specs.target_metric[rows],
+                             specs.metric_direction[rows], progress[rows],
+                             min_points=config.curve_min_points)
+        cp = CurvePrediction(*(_scatter(J, rows, a) for a in sub))
         done = metric & cp.reached
         W[done] = 0.0
         Wsd[done] = 0.0
@@ -331,6 +335,16 @@ def _remaining(state: EstimatorState, specs: JobSpecs, progress: np.ndarray,
     W = np.where(np.isfinite(W), np.maximum(W, 0.0), config.default_total_work)
     Wsd = np.where(np.isfinite(Wsd), np.maximum(Wsd, 0.0), W)
     return W, Wsd, flags
+
+
+def _scatter(J: int, rows: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """A (J, ...) array with ``part`` at ``rows`` and NaN/False/0 elsewhere."""
+    if part.dtype == bool:
+        out = np.zeros((J,) + part.shape[1:], dtype=bool)
+    else:
+        out = np.full((J,) + part.shape[1:], np.nan, dtype=np.float64)
+    out[rows] = part
+    return out
 
 
 def nodes_for(k: np.ndarray, gpus_per_node: int) -> np.ndarray:

@@ -56,6 +56,7 @@ def _tail_moments(sorted_totals: np.ndarray, attained: np.ndarray):
     return cnt, mean, var
 
 
+@np.errstate(all="ignore")  # non-finite intermediate values are masked
 def remaining_from_history(attained: np.ndarray, job_group: np.ndarray,
                            history: WorkHistory | None,
                            min_tail: int = 3) -> RemainingFromHistory:

@@ -93,12 +93,12 @@ def iteration_time(params: ThroughputParams, k, n, m) -> np.ndarray:
     """T_iter in seconds per iteration, for parameters of J jobs at (J, C) configurations.
 
     Args:
-        params: `ThroughputParams` with (J,) fields (or scalars for one job).
+        params: `ThroughputParams` with (J,) fields, or scalar fields for one job.
         k, n, m: GPUs (>= 1), nodes (>= 1) and global batch (> 0), arrays
-            broadcastable to (J, C) (or (C,) for one job).
+            broadcastable to (J, C).
 
     Returns:
-        T_iter, seconds, shape broadcast of the inputs.
+        T_iter in seconds: (J, C); for scalar parameters and 1-d (C,) inputs, (C,).
 
     Source: Pollux (OSDI'21) section 3.2; see `malleable.estimators.params`.
     """
@@ -136,6 +136,7 @@ class ThroughputFit(NamedTuple):
         return ThroughputParams.from_u(self.u)
 
 
+@np.errstate(all="ignore")  # non-finite intermediate values are masked
 def fit_throughput(k: np.ndarray, n: np.ndarray, m: np.ndarray, w: np.ndarray, y: np.ndarray,
                    within_ss: np.ndarray, prior_mu: np.ndarray, prior_sd: np.ndarray,
                    u_init: np.ndarray | None = None, iterations: int = 12,
@@ -232,6 +233,7 @@ def _clip_u(u: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(out), out, 0.0)
 
 
+@np.errstate(all="ignore")  # non-finite intermediate values are masked
 def log_throughput_std(fit: ThroughputFit, k: np.ndarray, n: np.ndarray,
                        m: np.ndarray) -> np.ndarray:
     """Standard deviation of the predicted log X at (J, C) configurations.
@@ -267,6 +269,7 @@ class PowerLawFit(NamedTuple):
     q: np.ndarray
 
 
+@np.errstate(all="ignore")  # non-finite intermediate values are masked
 def fit_power_law(k: np.ndarray, m: np.ndarray, w: np.ndarray, y: np.ndarray,
                   within_ss: np.ndarray, p_prior: tuple[float, float] = (0.8, 0.5),
                   q_prior: tuple[float, float] = (0.5, 1.0), noise_log_sd: float = 0.1,
