@@ -150,11 +150,6 @@ def _prior_u(prior: ThroughputPrior, given: np.ndarray) -> np.ndarray:
     return out
 
 
-def _rows_mask(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
-    """``mask`` (R,) shaped to broadcast against ``like`` (R, ...)."""
-    return mask.reshape(mask.shape + (1,) * (like.ndim - 1))
-
-
 def _put(full: np.ndarray, mask: np.ndarray, part: np.ndarray) -> np.ndarray:
     """A copy of ``full`` with the rows where ``mask`` is True replaced by ``part``."""
     out = full.copy()
@@ -265,8 +260,7 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
             mu[mv] = mu2
             refit = fit_throughput(*(a[moved] for a in args), mu[mv], sd[mv],
                                    u_init=fit.u[moved], **kw)
-            fit = ThroughputFit(*(np.where(_rows_mask(moved, a), _put(a, moved, b), a)
-                                  for a, b in zip(fit, refit, strict=True)))
+            fit = ThroughputFit(*(_put(a, moved, b) for a, b in zip(fit, refit, strict=True)))
         u[rows] = fit.u
         cov[rows] = fit.cov
         noise[rows] = np.sqrt(fit.noise_var)
