@@ -85,8 +85,12 @@ def add_points(stats: CurveStats, job: np.ndarray, p: np.ndarray, y: np.ndarray,
     new_scale = np.isnan(scale[job[first]])
     scale[job[first][new_scale]] = p[first][new_scale]
     lx = np.log(p / scale[job])                                   # (N,)
-    # (G, N): samples along the contiguous axis, so the segment sums are fast.
-    x = np.exp(-np.outer(alphas, np.maximum(lx, -50.0)))
+    # (G, N): samples along the contiguous axis, so the segment sums are fast;
+    # float32 within this batch (a job's few new points; 2x faster, 1e-7
+    # relative), added to the float64 totals.
+    f32 = np.float32
+    x = np.exp(-np.outer(alphas.astype(f32), np.maximum(lx, -50.0).astype(f32)))
+    y32 = y.astype(f32)
     starts = np.flatnonzero(first)
     rows = job[starts]
 
@@ -99,7 +103,7 @@ def add_points(stats: CurveStats, job: np.ndarray, p: np.ndarray, y: np.ndarray,
     syy[rows] += seg(y * y)
     sx[rows] += seg(x).T
     sxx[rows] += seg(x * x).T
-    sxy[rows] += seg(x * y).T
+    sxy[rows] += seg(x * y32).T
     count = stats.count.copy()
     count[rows] += np.diff(np.r_[starts, job.size])
     best_max = stats.best_max.copy()

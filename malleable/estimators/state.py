@@ -335,10 +335,17 @@ def _fold_configs(state: EstimatorState, jg: np.ndarray, k: np.ndarray, n: np.nd
         ujobs, first_idx = np.unique(nj, return_index=True)
         rank = np.arange(nj.size) - np.repeat(first_idx, np.diff(np.r_[first_idx, nj.size]))
         ku, nu, wu = cfg_k[ujobs], cfg_n[ujobs], cfg_w[ujobs]
-        same = (ku[:, :, None] == ku[:, None, :]) & (nu[:, :, None] == nu[:, None, :])
-        crowd = same.sum(axis=2)
-        wmax = np.max(wu, axis=1, keepdims=True) + 1.0
-        prio = np.where(ku > 0, (C + 1 - crowd) * wmax + wu, -1.0)
+        prio = np.where(ku > 0, wu, -1.0)
+        # Counting slots per (k, n) costs C x C per job: only for jobs whose
+        # new configurations do not all fit into empty slots.
+        n_new = np.diff(np.r_[first_idx, nj.size])
+        crowded = np.flatnonzero(n_new > np.sum(ku == 0, axis=1))
+        if crowded.size:
+            kc, nc, wc = ku[crowded], nu[crowded], wu[crowded]
+            same = (kc[:, :, None] == kc[:, None, :]) & (nc[:, :, None] == nc[:, None, :])
+            crowd = same.sum(axis=2)
+            wmax = np.max(wc, axis=1, keepdims=True) + 1.0
+            prio[crowded] = np.where(kc > 0, (C + 1 - crowd) * wmax + wc, -1.0)
         matched_u = np.zeros(ku.shape, dtype=bool)
         pos_m = np.searchsorted(ujobs, mj)
         hit = (pos_m < ujobs.size) & (ujobs[np.minimum(pos_m, ujobs.size - 1)] == mj)

@@ -105,7 +105,8 @@ def test_incremental_update_equals_one_update():
         a = np.sort(getattr(one, name), axis=-1) if name.startswith("cfg") else getattr(one, name)
         b = np.sort(getattr(two, name), axis=-1) if name.startswith("cfg") else getattr(two, name)
         np.testing.assert_allclose(a, b, rtol=1e-9, err_msg=name)
-    np.testing.assert_allclose(one.curve.sxy, two.curve.sxy, rtol=1e-9)
+    # The curve's per-batch sums are float32 (add_points): equal to 1e-6.
+    np.testing.assert_allclose(one.curve.sxy, two.curve.sxy, rtol=1e-6)
     assert one.intervals.tolist() == two.intervals.tolist()
 
 
