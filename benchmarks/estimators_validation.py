@@ -458,9 +458,10 @@ weighted fit uses every configuration the job has run on).
   estimator says so (``TARGET_UNREACHABLE``) rather than inventing a
   crossing. No curve fitted to the pre-decay epochs can foresee a decay.
 * deepspeech2's word error rate keeps falling slowly for 50 to 80 epochs; the
-  early curve looks saturated, so the fit predicts the target too early
-  (25 to 42 epochs against 51 to 77) with ranges that are too narrow (1 of 6
-  contains the truth): over-confident where the regime changes later.
+  early curve looks saturated, so for five of the six batch sizes the fit
+  predicts the target too early (25 to 42 epochs against 51 to 77) with
+  ranges that are too narrow (1 of 6 contains the truth): over-confident
+  where the regime changes later.
 * cifar10 (mean error 70 %, one batch size at 272 %), ncf (26 %) and yolov3
   (22 %, true epoch inside the 95 % range for 7 of 7) are predicted with
   ranges that mostly contain the truth.
