@@ -175,18 +175,24 @@ class ProgressBatch:
         return int(self.job.shape[0])
 
     @classmethod
-    def from_records(cls, rows: Iterable[int], records: Iterable[Mapping]) -> ProgressBatch:
+    def from_records(cls, rows: Iterable[int], records: Iterable[Mapping],
+                     gpus_per_node: int | None = None) -> ProgressBatch:
         """Build a batch from progress-line dicts (job contract, version 1).
 
         Args:
             rows: the job row of each record.
             records: dicts with keys t, step, samples, gpus, nodes, batch and
-                optionally metric, grad_sqr, grad_var. Missing or non-numeric
+                optionally metric, grad_sqr, grad_var ("batch_size" and "time",
+                as the database names them, are accepted for "batch" and "t";
+                "time" must then be unix seconds). Missing or non-numeric
                 values become NaN (and the sample is dropped later); records
                 whose "event" is not "progress" are skipped.
+            gpus_per_node: if given, a missing "nodes" is filled in as
+                `with_nodes_filled` does.
         """
         keys = ("t", "step", "samples", "gpus", "nodes", "batch", "metric", "grad_sqr",
                 "grad_var")
+        alias = {"t": "time", "batch": "batch_size"}
         cols: dict[str, list[float]] = {k: [] for k in keys}
         jobs: list[int] = []
         for row, rec in zip(rows, records, strict=True):
@@ -195,12 +201,30 @@ class ProgressBatch:
             jobs.append(int(row))
             for k in keys:
                 v = rec.get(k)
+                if v is None and k in alias:
+                    v = rec.get(alias[k])
                 try:
                     cols[k].append(float(v) if v is not None else np.nan)
                 except (TypeError, ValueError):
                     cols[k].append(np.nan)
-        return cls(job=np.asarray(jobs, dtype=np.int64),
-                   **{k: np.asarray(v, dtype=np.float64) for k, v in cols.items()})
+        out = cls(job=np.asarray(jobs, dtype=np.int64),
+                  **{k: np.asarray(v, dtype=np.float64) for k, v in cols.items()})
+        return out if gpus_per_node is None else out.with_nodes_filled(gpus_per_node)
+
+    def with_nodes_filled(self, gpus_per_node: int) -> ProgressBatch:
+        """A copy where a missing (NaN) node count is what the grid's rule gives:
+        1 node for ``gpus <= gpus_per_node``, else ``ceil(gpus / gpus_per_node)``.
+
+        Raises:
+            ValueError: gpus_per_node < 1.
+        """
+        if gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+        with np.errstate(invalid="ignore"):
+            guess = np.where(self.gpus <= gpus_per_node, 1.0, np.ceil(self.gpus / gpus_per_node))
+        nodes = np.where(np.isnan(self.nodes), guess, self.nodes)
+        return ProgressBatch(**{f.name: (nodes if f.name == "nodes" else getattr(self, f.name))
+                                for f in fields(self)})
 
 
 class WorkHistory:

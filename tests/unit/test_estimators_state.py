@@ -186,6 +186,15 @@ def test_from_records_parses_progress_lines_and_skips_other_events():
     assert np.isnan(b.metric[1]) and b.grad_sqr[1] == 1.5 and np.isnan(b.grad_var[0])
 
 
+def test_database_names_and_missing_nodes():
+    recs = [{"time": 5.0, "step": 1, "samples": 64, "gpus": 8, "nodes": None, "batch_size": 64},
+            {"time": 6.0, "step": 2, "samples": 128, "gpus": 2, "batch_size": 64}]
+    b = ProgressBatch.from_records([0, 0], recs, gpus_per_node=4)
+    assert b.t.tolist() == [5.0, 6.0] and b.batch.tolist() == [64.0, 64.0]
+    assert b.nodes.tolist() == [2.0, 1.0]
+    assert np.isnan(ProgressBatch.from_records([0], recs[:1]).nodes[0])
+
+
 def test_mismatched_shapes_are_named():
     with pytest.raises(ValueError, match="ProgressBatch.t"):
         ProgressBatch(job=np.zeros(2), t=np.zeros(3), step=np.zeros(2), samples=np.zeros(2),
