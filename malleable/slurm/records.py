@@ -191,6 +191,7 @@ class SubmitRequest:
         workdir: working directory ("" = the caller's).
         extra_args: further sbatch options, passed as given (each one argv element).
         env: extra environment variables for the job.
+        hold: submit the job held (``sbatch --hold``); it stays PENDING until released.
     """
 
     script: str
@@ -205,3 +206,4 @@ class SubmitRequest:
     workdir: str = ""
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    hold: bool = False
