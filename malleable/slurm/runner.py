@@ -53,8 +53,10 @@ class CommandResult:
 
     @property
     def message(self) -> str:
-        """Slurm's message: stderr, else stdout, stripped, at most 500 characters."""
-        return (self.stderr.strip() or self.stdout.strip())[:500]
+        """Slurm's message: stderr, else stdout, stripped, at most 500 characters
+        (or the exit status when the command printed nothing)."""
+        text = (self.stderr.strip() or self.stdout.strip())[:500]
+        return text or f"exit status {self.returncode} and no message"
 
 
 def unavailable(message: str, *, delivered_only: bool = False) -> bool:
