@@ -86,26 +86,41 @@ def gpus_in_tres(tres: str | None) -> int | None:
     The untyped ``gres/gpu`` entry is the total; when only typed entries are
     present they are summed. None when no GPU entry exists.
     """
+    untyped = tres_count(tres, "gres/gpu")
+    if untyped is not None:
+        return untyped
+    typed, seen = 0, False
+    for key, value in _tres_items(tres):
+        if key.startswith("gres/gpu:"):
+            typed += _tres_int(value, tres)
+            seen = True
+    return typed if seen else None
+
+
+def tres_count(tres: str | None, name: str) -> int | None:
+    """The count of one TRES (``node`` in ``cpu=3,node=3`` -> 3), None when absent."""
+    for key, value in _tres_items(tres):
+        if key == name:
+            return _tres_int(value, tres)
+    return None
+
+
+def _tres_items(tres: str | None) -> list[tuple[str, str]]:
     if tres is None or tres.strip().lower() in _NULL:
-        return None
-    untyped, typed, seen_typed = None, 0, False
+        return []
+    items = []
     for item in split_top(tres):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"bad TRES entry {item!r} in {tres!r}")
-        key = key.strip().lower()
-        if key == "gres/gpu":
-            if not value.strip().isdigit():
-                raise ValueError(f"bad GPU count {value!r} in {tres!r}")
-            untyped = int(value)
-        elif key.startswith("gres/gpu:"):
-            if not value.strip().isdigit():
-                raise ValueError(f"bad GPU count {value!r} in {tres!r}")
-            typed += int(value)
-            seen_typed = True
-    if untyped is not None:
-        return untyped
-    return typed if seen_typed else None
+        items.append((key.strip().lower(), value.strip()))
+    return items
+
+
+def _tres_int(value: str, tres: str | None) -> int:
+    if not value.isdigit():
+        raise ValueError(f"bad count {value!r} in {tres!r}")
+    return int(value)
 
 
 def gpus_per_allocated_node(details: list[str]) -> list[int]:

@@ -186,6 +186,12 @@ def parse_job(obj: object, path: str = "job") -> SlurmJob:
             raise f.fail(f"{path}.nodes", nodes, "a host list like node[1-2]") from None
     if node_count < 0:
         raise f.fail(f"{path}.node_count", obj.get("node_count"), "a count >= 0")
+    try:
+        requested_nodes = gres.tres_count(f.string(obj, "tres_req_str", path), "node")
+    except ValueError:
+        raise f.fail(f"{path}.tres_req_str", obj.get("tres_req_str"),
+                     "a TRES list like cpu=2,node=2") from None
+    node_count = rules.pending_node_count(state, node_count, requested_nodes)
 
     try:
         node_gpus = gres.gpus_per_allocated_node(f.string_list(obj, "gres_detail", path))
@@ -202,7 +208,8 @@ def parse_job(obj: object, path: str = "job") -> SlurmJob:
         tasks=f.number(obj, "tasks", path),
         req_total=_tres_field(obj, "tres_req_str", path))
 
-    reason = f.string(obj, "state_reason", path)
+    reason = rules.reason(f.string(obj, "state_reason", path),
+                          f.string(obj, "state_description", path))
     time_limit = f.minutes(obj, "time_limit", path)
     return SlurmJob(
         job_id=rules.display_job_id(num, array_job, array_task, het_job, het_offset),

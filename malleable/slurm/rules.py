@@ -39,3 +39,22 @@ def end_time(end: datetime | None, time_limit: timedelta | None,
     if time_limit is None and not state.finished:
         return None
     return end
+
+
+def reason(code: str, description: str = "") -> str:
+    """Why a job waits, as squeue's ``%r`` shows it: Slurm's description when it set one
+    ("job requeued in held state"), else the reason code ("JobHeldUser", "None").
+    scontrol's text prints the description with underscores; they become spaces."""
+    text = description or code
+    if "_" in text and text == text.lower():
+        text = text.replace("_", " ")
+    return text
+
+
+def pending_node_count(state: JobState, node_count: int, requested: int | None) -> int:
+    """Nodes of a job: for a pending job the requested ``node=`` of its TRES request, since
+    Slurm keeps reporting the old allocation's count after a requeue (seen on 22.05:
+    NumNodes=1 after ``NumNodes=3-3`` on a requeued job, while ReqTRES says node=3)."""
+    if state == JobState.PENDING and requested:
+        return requested
+    return node_count

@@ -172,6 +172,10 @@ def parse_job_line(line: str, path: str = "job") -> SlurmJob:
     allocated = bool(nodes) and state != JobState.PENDING
     alloc_str = _value(d, "AllocTRES") or (_value(d, "TRES") if allocated else "")
     req_str = _value(d, "ReqTRES") or ("" if allocated else _value(d, "TRES"))
+    try:
+        node_count = rules.pending_node_count(state, node_count, gres.tres_count(req_str, "node"))
+    except ValueError:
+        raise f.fail(f"{path}.ReqTRES", req_str, "a TRES list like cpu=2,node=2") from None
     alloc_total = _tres(alloc_str, f"{path}.AllocTRES")
     if alloc_total is None and not node_gpus and allocated:
         alloc_total = _gres(_value(d, "JOB_GRES"), f"{path}.JOB_GRES")
@@ -188,7 +192,7 @@ def parse_job_line(line: str, path: str = "job") -> SlurmJob:
     m = re.fullmatch(r"(.*)\((\d+)\)", user)
     if m:
         user, uid = m.group(1), int(m.group(2))
-    reason = d.get("Reason", "")
+    reason = rules.reason(d.get("Reason", ""))
     limit = time_limit(d.get("TimeLimit", ""), f"{path}.TimeLimit")
     return SlurmJob(
         job_id=rules.display_job_id(num, array_job, array_task, het_job, het_offset),
