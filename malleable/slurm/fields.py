@@ -88,8 +88,8 @@ def minutes(obj: dict, key: str, path: str) -> timedelta | None:
     value = number(obj, key, path)
     if value is None:
         return None
-    if value < 0:
-        raise fail(f"{path}.{key}", obj.get(key), "minutes >= 0")
+    if not 0 <= value <= 100_000_000:  # 190 years
+        raise fail(f"{path}.{key}", obj.get(key), "minutes from 0 to 100000000")
     return timedelta(minutes=value)
 
 

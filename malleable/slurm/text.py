@@ -98,10 +98,9 @@ def _time(d: dict, key: str, path: str) -> datetime | None:
     if not v:
         return None
     try:
-        local = datetime.strptime(v, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
+        return datetime.strptime(v, "%Y-%m-%dT%H:%M:%S").astimezone(UTC)
+    except (ValueError, OverflowError, OSError):
         raise f.fail(f"{path}.{key}", v, "a time like 2026-01-31T12:00:00") from None
-    return local.astimezone(UTC)
 
 
 def time_limit(value: str, path: str = "TimeLimit") -> timedelta | None:
@@ -112,13 +111,20 @@ def time_limit(value: str, path: str = "TimeLimit") -> timedelta | None:
     if not m:
         raise f.fail(path, value, "a time limit like 1-00:00:00 or UNLIMITED")
     days, a, b, c = (int(x) if x else None for x in m.groups())
-    if days is not None:  # d-h, d-h:m, d-h:m:s
-        return timedelta(days=days, hours=a, minutes=b or 0, seconds=c or 0)
-    if c is not None:
-        return timedelta(hours=a, minutes=b, seconds=c)
-    if b is not None:
-        return timedelta(minutes=a, seconds=b)
-    return timedelta(minutes=a)
+    try:
+        if days is not None:  # d-h, d-h:m, d-h:m:s
+            limit = timedelta(days=days, hours=a, minutes=b or 0, seconds=c or 0)
+        elif c is not None:
+            limit = timedelta(hours=a, minutes=b, seconds=c)
+        elif b is not None:
+            limit = timedelta(minutes=a, seconds=b)
+        else:
+            limit = timedelta(minutes=a)
+    except OverflowError:
+        limit = None
+    if limit is None or limit > timedelta(days=70_000):
+        raise f.fail(path, value, "a time limit under 190 years")
+    return limit
 
 
 def _gres(value: str, path: str) -> int | None:
