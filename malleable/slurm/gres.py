@@ -11,13 +11,16 @@ Slurm spells the same GPUs several ways, depending on the field and the release:
 * TRES totals (``tres_alloc_str``, ``AllocTRES=``): ``cpu=2,gres/gpu=8,gres/gpu:a100=8``
   (without slurmdbd, 22.05 leaves gres/gpu out of the allocated TRES entirely).
 
-Every function here is pure; a malformed string raises ``ValueError`` naming it,
-which the parsers turn into `SlurmParseError` with the field name.
+Every function here is pure (the string parsers keep an LRU cache, since one
+queue repeats the same few strings across thousands of jobs); a malformed string
+raises ``ValueError`` naming it, which the parsers turn into `SlurmParseError`
+with the field name.
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _NULL = {"", "n/a", "(null)", "none"}
 
@@ -28,6 +31,8 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     >>> split_top("gpu:2(IDX:0,2),shard:1")
     ['gpu:2(IDX:0,2)', 'shard:1']
     """
+    if "(" not in text and "[" not in text:  # the common case, without a Python loop
+        return [p.strip() for p in text.split(sep) if p.strip()]
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch in "([":
@@ -61,6 +66,7 @@ def _gres_entry(entry: str) -> tuple[str, int]:
     raise ValueError(f"bad GRES count in {entry!r}")
 
 
+@lru_cache(maxsize=8192)
 def gpus_in_gres(spec: str | None) -> int | None:
     """Total GPUs in a GRES list (``gres/gpu:a100:2,gres/shard:1`` -> 2).
 
@@ -80,47 +86,43 @@ def gpus_in_gres(spec: str | None) -> int | None:
     return total if seen else None
 
 
+@lru_cache(maxsize=8192)
 def gpus_in_tres(tres: str | None) -> int | None:
     """GPUs in a TRES string (``cpu=2,gres/gpu=8,gres/gpu:a100=8`` -> 8).
 
     The untyped ``gres/gpu`` entry is the total; when only typed entries are
     present they are summed. None when no GPU entry exists.
     """
-    untyped = tres_count(tres, "gres/gpu")
-    if untyped is not None:
-        return untyped
-    typed, seen = 0, False
-    for key, value in _tres_items(tres):
-        if key.startswith("gres/gpu:"):
-            typed += _tres_int(value, tres)
-            seen = True
-    return typed if seen else None
+    items = tres_map(tres)
+    if "gres/gpu" in items:
+        return items["gres/gpu"]
+    typed = [v for k, v in items.items() if k.startswith("gres/gpu:")]
+    return sum(typed) if typed else None
 
 
 def tres_count(tres: str | None, name: str) -> int | None:
     """The count of one TRES (``node`` in ``cpu=3,node=3`` -> 3), None when absent."""
-    for key, value in _tres_items(tres):
-        if key == name:
-            return _tres_int(value, tres)
-    return None
+    return tres_map(tres).get(name)
 
 
-def _tres_items(tres: str | None) -> list[tuple[str, str]]:
+@lru_cache(maxsize=8192)
+def tres_map(tres: str | None) -> dict[str, int]:
+    """``cpu=2,mem=1G,node=2,gres/gpu=8`` -> {"cpu": 2, "node": 2, "gres/gpu": 8} (keys lower
+    case; counts with a unit suffix such as ``mem=1G`` are left out). Treat as read-only
+    (cached). Raises ValueError for an entry without ``=`` or a non-numeric GPU/node count."""
     if tres is None or tres.strip().lower() in _NULL:
-        return []
-    items = []
+        return {}
+    out = {}
     for item in split_top(tres):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"bad TRES entry {item!r} in {tres!r}")
-        items.append((key.strip().lower(), value.strip()))
-    return items
-
-
-def _tres_int(value: str, tres: str | None) -> int:
-    if not value.isdigit():
-        raise ValueError(f"bad count {value!r} in {tres!r}")
-    return int(value)
+        key, value = key.strip().lower(), value.strip()
+        if value.isdigit():
+            out[key] = int(value)
+        elif key in ("node", "gres/gpu") or key.startswith("gres/gpu:"):
+            raise ValueError(f"bad count {value!r} in {tres!r}")
+    return out
 
 
 def gpus_per_allocated_node(details: list[str]) -> list[int]:
@@ -143,6 +145,7 @@ def _bracket_size(inner: str) -> int:
     return size
 
 
+@lru_cache(maxsize=8192)
 def hostlist_count(expr: str | None) -> int:
     """Number of hosts in a Slurm host list: ``node[1-2],gpu3`` -> 3, ``""`` -> 0.
 

@@ -80,9 +80,7 @@ def test_number_objects_unset_infinite_and_plain():
     ("job_resources", "node1"), ("job_resources", {"nodes": 5}), ("nodes", "node[1-"),
 ])
 def test_wrong_shapes_name_the_field_and_the_value(key, value):
-    job = {"job_id": 5, "job_state": "RUNNING", key: value}
-    if key == "nodes":
-        job.pop("node_count", None)
+    job = {"job_id": 5, "job_state": "RUNNING", "nodes": "node1", key: value}
     with pytest.raises(SlurmParseError) as exc:
         parse_job(job, "jobs[0]")
     assert exc.value.field.startswith(f"jobs[0].{key}")
