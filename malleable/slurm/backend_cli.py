@@ -111,6 +111,7 @@ class CliSlurmClient:
 
     @property
     def rpc_count(self) -> int:
+        """Slurm commands run so far by this client (each retry counts)."""
         return self.runner.rpc_count
 
     # ------------------------------------------------------------------ versions
