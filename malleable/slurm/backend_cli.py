@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 # whose credential is not newer than the revocation of the old one (whole
 # seconds), and the job then FAILS instead of running (seen on the harness when
 # StartTime=now and release followed a requeuehold within the same second).
+# Slurm's own begin-time delay after a requeue exists for this; start_now clears
+# it, so it waits this long after this client's own requeue first.
 REQUEUE_SETTLE_S = 2.0
 
 _NO_JSON = ("json", "serializer", "data_parser", "unrecognized option", "invalid option")
@@ -316,13 +318,19 @@ class CliSlurmClient:
         self._requeued_at[job_id] = time.monotonic()
 
     def start_now(self, job_id: str) -> None:
-        """``scontrol update JobId=J StartTime=now``; within `REQUEUE_SETTLE_S` of this
-        client's own requeue of the job, ``StartTime=now+N`` so the relaunch is not
-        refused by the revoked credential of the previous run."""
+        """``scontrol update JobId=J StartTime=now``.
+
+        Within `REQUEUE_SETTLE_S` of this client's own requeue of the job it first
+        waits out the rest of that time (at most 2 s), so the relaunch is not refused
+        by the revoked credential of the previous run. (``StartTime=now+N`` would
+        instead leave the start to Slurm's next periodic scheduling pass, tens of
+        seconds later.)
+        """
         job_id = check_job_id(job_id)
         since = time.monotonic() - self._requeued_at.pop(job_id, -math.inf)
-        wait = math.ceil(REQUEUE_SETTLE_S - since) if since < REQUEUE_SETTLE_S else 0
-        self._update(job_id, f"StartTime=now+{wait}" if wait > 0 else "StartTime=now")
+        if since < REQUEUE_SETTLE_S:
+            self.runner.sleep(REQUEUE_SETTLE_S - since)
+        self._update(job_id, "StartTime=now")
 
     def signal(self, job_id: str, signal: str, target: SignalTarget = SignalTarget.BATCH) -> None:
         """``scancel --signal=SIG [--batch|--full] J``: batch shell, steps, or both."""

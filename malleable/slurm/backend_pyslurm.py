@@ -345,12 +345,13 @@ class PyslurmSlurmClient:
         self._requeued_at[job_id] = time.monotonic()
 
     def start_now(self, job_id: str) -> None:
-        """``Job.modify(JobSubmitDescription(begin_time="now"))`` (``now+N`` right after
-        this client's own requeue, as in the cli backend)."""
+        """``Job.modify(JobSubmitDescription(begin_time="now"))``, after waiting out the
+        rest of `REQUEUE_SETTLE_S` since this client's own requeue, as in the cli backend."""
         job_id = check_job_id(job_id)
         since = time.monotonic() - self._requeued_at.pop(job_id, -math.inf)
-        wait = math.ceil(REQUEUE_SETTLE_S - since) if since < REQUEUE_SETTLE_S else 0
-        self._modify(job_id, "Job.modify", begin_time=f"now+{wait}" if wait > 0 else "now")
+        if since < REQUEUE_SETTLE_S:
+            self.sleep(REQUEUE_SETTLE_S - since)
+        self._modify(job_id, "Job.modify", begin_time="now")
 
     def signal(self, job_id: str, signal: str, target: SignalTarget = SignalTarget.BATCH) -> None:
         """``Job.send_signal(sig, steps=batch|children|all)``."""
