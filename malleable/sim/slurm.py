@@ -58,6 +58,7 @@ the job.
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 from collections.abc import Callable
@@ -213,7 +214,8 @@ class _Job:
                  "shown_nodes", "state", "held", "hold_reason", "reason", "submit_time",
                  "first_submit", "begin_time", "start_time", "first_start", "end_time",
                  "restart_count", "alloc", "shrinks", "program", "run", "gpu_seconds",
-                 "alloc_since", "max_gpus", "partition_reason")
+                 "alloc_since", "max_gpus", "partition_reason", "queued", "ready_pass",
+                 "alloc_ver", "cached")
 
     def __init__(self, jid: int, request: SubmitRequest, program: SimProgram, now: float,
                  partition: str):
@@ -244,6 +246,10 @@ class _Job:
         self.alloc_since = now
         self.max_gpus = 0
         self.partition_reason = "PartitionConfig"
+        self.queued: tuple[int, int, float] | None = None   # (nodes, gpn, submit) last queued
+        self.ready_pass = 0
+        self.alloc_ver = 0          # bumped whenever ``alloc`` changes
+        self.cached: tuple[tuple, SlurmJob] | None = None   # (signature, record)
 
     @property
     def gpus(self) -> int:
@@ -292,6 +298,17 @@ class SimSlurm:
         first_job_id: the first id handed out.
         job_factory: builds the program for a plain `submit` (default: `IdleProgram`).
 
+    Attributes:
+        rpc_count: protocol calls so far (each is one RPC, as for a real backend).
+        allocation_log: ``(virtual s, job id, GPUs held from then on)`` at every
+            change of a job's allocation (for plots and audits).
+
+    Cost: a scheduler pass tries only the highest-priority pending job of each
+    request shape ((nodes, GPUs per node)), since a shape that does not fit
+    cannot fit later in the same pass; held jobs and jobs waiting for their
+    begin time are kept out of the queues. ``jobs()`` reuses a job's record
+    while nothing it reports has changed.
+
     Raises:
         ValueError: a bad size or option (names the argument).
     """
@@ -335,7 +352,12 @@ class SimSlurm:
         self._visible: dict[int, _Job] = {}       # what the controller still reports
         self._active: dict[int, _Job] = {}        # pending or running
         self._pass_pending = False
+        self._passes = 0
         self._wakeup_at: float | None = None
+        # Pending, unheld, eligible jobs by shape (nodes, GPUs per node): heaps of
+        # (submit time, id), lazily cleaned; pending jobs waiting for a begin time.
+        self._ready: dict[tuple[int, int], list[tuple[float, int]]] = {}
+        self._waiting: list[tuple[float, int]] = []
         self._used = 0
         self._timeline_t: list[float] = [0.0]
         self._timeline_used: list[int] = [0]
@@ -405,7 +427,7 @@ class SimSlurm:
         self._next_id += 1
         job = _Job(jid, request, program, self.engine.now, self.partition)
         self._jobs[jid] = self._visible[jid] = self._active[jid] = job
-        self._request_pass()
+        self._changed(job)
         return str(jid)
 
     def resize_pending(self, job_id: str, nodes: int, gpus_per_node: int) -> None:
@@ -426,7 +448,7 @@ class SimSlurm:
         job.req_nodes = job.shown_nodes = nodes
         job.req_gpn = gpus_per_node
         job.partition_reason = "PartitionNodeLimit"
-        self._request_pass()
+        self._changed(job)
 
     def shrink_running(self, job_id: str, nodes: int) -> None:
         """Keep the first ``nodes`` nodes of a running job, release the rest (one RPC).
@@ -452,6 +474,7 @@ class SimSlurm:
         for idx, g in job.alloc[nodes:]:
             self._free[idx] += g
         job.alloc = job.alloc[:nodes]
+        job.alloc_ver += 1
         job.shown_nodes = nodes
         job.shrinks += 1
         self._note_usage()
@@ -470,7 +493,7 @@ class SimSlurm:
             self._reject(job, MSG_FINISHED)
         job.held = True
         job.hold_reason = REASON_HELD
-        self._request_pass()
+        self._changed(job)
 
     def release(self, job_id: str) -> None:
         """Release a held job (no-op if not held); it may still wait for its begin time."""
@@ -479,7 +502,7 @@ class SimSlurm:
             self._reject(job, MSG_FINISHED)
         job.held = False
         job.hold_reason = ""
-        self._request_pass()
+        self._changed(job)
 
     def requeue_hold(self, job_id: str) -> None:
         """Requeue a running job and hold it: its program is killed, its nodes freed,
@@ -507,8 +530,7 @@ class SimSlurm:
         job.submit_time = now
         job.begin_time = now + self.requeue_delay_s
         job.start_time = None
-        job.reason = "None"
-        self._request_pass()
+        self._changed(job)
 
     def start_now(self, job_id: str) -> None:
         """Clear a pending job's begin-time delay (``StartTime=now``)."""
@@ -516,7 +538,7 @@ class SimSlurm:
         if job.state != JobState.PENDING:
             self._reject(job, MSG_NOT_PENDING)
         job.begin_time = min(job.begin_time, self.engine.now)
-        self._request_pass()
+        self._changed(job)
 
     def signal(self, job_id: str, signal: str, target: SignalTarget = SignalTarget.BATCH) -> None:
         """Deliver ``signal`` to the running job's program (``scancel --signal``).
@@ -613,16 +635,32 @@ class SimSlurm:
             del self._visible[jid]
 
     def _record(self, j: _Job) -> SlurmJob:
-        at = self.engine.datetime_at
+        """The job's record; reused while nothing it shows has changed (records are
+        immutable), so a poll of many idle pending jobs costs little."""
         running = j.state == JobState.RUNNING
         if running:
             reason = j.hold_reason if j.held else "None"
+        elif j.state == JobState.PENDING:
+            reason = self._pending_reason(j)
+        else:
+            reason = j.reason
+        sig = (j.state, j.held, reason, j.alloc_ver, j.shown_nodes, j.req_nodes, j.req_gpn,
+               j.submit_time, j.begin_time, j.start_time, j.end_time, j.restart_count)
+        cached = j.cached
+        if cached is not None and cached[0] == sig:
+            return cached[1]
+        rec = self._build_record(j, reason)
+        j.cached = (sig, rec)
+        return rec
+
+    def _build_record(self, j: _Job, reason: str) -> SlurmJob:
+        at = self.engine.datetime_at
+        if j.state == JobState.RUNNING:
             names = [self.node_names[i] for i, _ in j.alloc]
             node_count = len(j.alloc)
             gpus = j.gpus
             gpn = max((g for _, g in j.alloc), default=0)
         else:
-            reason = j.hold_reason if (j.held and j.state == JobState.PENDING) else j.reason
             names = []
             node_count = j.shown_nodes
             gpus = j.req_nodes * j.req_gpn
@@ -679,37 +717,105 @@ class SimSlurm:
                     return chosen
         return None
 
+    def _pending_reason(self, j: _Job) -> str:
+        if j.held:
+            return j.hold_reason
+        if j.begin_time > self.engine.now:
+            return "BeginTime"
+        if j.req_nodes > self.num_nodes:
+            return j.partition_reason
+        if j.reason != "None":
+            return j.reason
+        return "Priority" if j.ready_pass < self._passes else "None"
+
+    def _changed(self, job: _Job) -> None:
+        """A job's request, hold or begin time changed: requeue it for the scheduler."""
+        if job.state == JobState.PENDING:
+            job.reason = "None"
+            if not job.held and job.req_nodes <= self.num_nodes:
+                if job.begin_time > self.engine.now:
+                    heapq.heappush(self._waiting, (job.begin_time, job.id))
+                else:
+                    self._enqueue(job)
+        self._request_pass()
+
+    def _enqueue(self, job: _Job) -> None:
+        key = (job.req_nodes, job.req_gpn, job.submit_time)
+        if job.queued == key:
+            return
+        job.queued = key
+        job.ready_pass = self._passes
+        heapq.heappush(self._ready.setdefault(key[:2], []), (job.submit_time, job.id))
+
+    def _ready_job(self, shape: tuple[int, int], entry: tuple[float, int]) -> _Job | None:
+        """The job of a ready-queue entry if the entry is still current, else None."""
+        job = self._active.get(entry[1])
+        if job is None or job.state != JobState.PENDING or job.held or \
+                job.queued != (shape[0], shape[1], entry[0]) or job.begin_time > self.engine.now:
+            return None
+        return job
+
+    def _head(self, shape: tuple[int, int]) -> tuple[float, int] | None:
+        heap = self._ready[shape]
+        while heap and self._ready_job(shape, heap[0]) is None:
+            t, jid = heapq.heappop(heap)
+            job = self._active.get(jid)
+            if job is not None and job.queued == (shape[0], shape[1], t):
+                job.queued = None   # dropped (held, or waiting again): may be queued anew
+        return heap[0] if heap else None
+
     def _schedule_pass(self) -> None:
+        """Start pending jobs in priority order (see the module docstring).
+
+        Cost: per shape, only its highest-priority job is tried; a shape that does
+        not fit is not tried again in the pass (free GPUs only shrink during it).
+        """
         self._pass_pending = False
+        self._passes += 1
         now = self.engine.now
-        pending = [j for j in self._active.values() if j.state == JobState.PENDING]
-        pending.sort(key=lambda j: (j.submit_time, j.id))
+        while self._waiting and self._waiting[0][0] <= now:
+            _, jid = heapq.heappop(self._waiting)
+            job = self._active.get(jid)
+            if job is not None and job.state == JobState.PENDING and not job.held \
+                    and job.begin_time <= now:
+                self._enqueue(job)
+        heads = []
+        for shape in list(self._ready):
+            h = self._head(shape)
+            if h is None:
+                del self._ready[shape]
+            else:
+                heads.append((h, shape))
+        heapq.heapify(heads)
         blocked = False
-        next_begin = None
         max_free = max(self._free)
-        for j in pending:
-            if j.held:
+        while heads:
+            entry, shape = heapq.heappop(heads)
+            job = self._ready_job(shape, entry)
+            if job is None:
+                h = self._head(shape)
+                if h is not None:
+                    heapq.heappush(heads, (h, shape))
                 continue
-            if j.begin_time > now:
-                j.reason = "BeginTime"
-                next_begin = j.begin_time if next_begin is None else min(next_begin, j.begin_time)
-                continue
-            if j.req_nodes > self.num_nodes:
-                j.reason = j.partition_reason
-                continue
-            if blocked and not self.backfill:
-                j.reason = "Priority"
-                continue
-            nodes = self._fit(j) if j.req_gpn <= max_free else None
+            nodes = self._fit(job) if job.req_gpn <= max_free else None
             if nodes is None:
-                j.reason = "Priority" if blocked else "Resources"
+                job.reason = "Priority" if blocked else "Resources"
                 blocked = True
+                if not self.backfill:
+                    break
                 continue
-            self._start(j, nodes)
+            heapq.heappop(self._ready[shape])
+            job.queued = None
+            self._start(job, nodes)
             max_free = max(self._free)
-        if next_begin is not None and (self._wakeup_at is None or next_begin < self._wakeup_at):
-            self._wakeup_at = next_begin
-            self.engine.schedule(next_begin, self._wakeup, next_begin, priority=PRIORITY_LATE)
+            h = self._head(shape)
+            if h is not None:
+                heapq.heappush(heads, (h, shape))
+        if self._waiting:
+            nxt = self._waiting[0][0]
+            if self._wakeup_at is None or nxt < self._wakeup_at:
+                self._wakeup_at = nxt
+                self.engine.schedule(nxt, self._wakeup, nxt, priority=PRIORITY_LATE)
 
     def _wakeup(self, at: float) -> None:
         """A begin time has come: run a pass (only the latest-scheduled wake-up counts)."""
@@ -723,6 +829,7 @@ class SimSlurm:
         for i in nodes:
             self._free[i] -= gpn
         job.alloc = [(i, gpn) for i in nodes]
+        job.alloc_ver += 1
         job.alloc_since = now
         job.max_gpus = max(job.max_gpus, job.gpus)
         job.state = JobState.RUNNING
@@ -745,6 +852,7 @@ class SimSlurm:
         for idx, g in job.alloc:
             self._free[idx] += g
         job.alloc = []
+        job.alloc_ver += 1
         self._note_usage()
         self._log_alloc(job)
         run, job.run = job.run, None
@@ -769,6 +877,7 @@ class SimSlurm:
         for idx, g in job.alloc:
             self._free[idx] += g
         job.alloc = []
+        job.alloc_ver += 1
         run._alive = False
         job.run = None
         self._note_usage()

@@ -79,6 +79,10 @@ class Replay:
         program_for: builds a job's program (default: see the module docstring).
         comment_for: the job's Slurm comment (e.g. the malleable spec); default "".
         sink: how progress records are written (default: JSON lines to files).
+        restart_cost_s: restart cost of every malleable job (default: its model's,
+            `malleable.sim.profiles.RESTART_COST_S`; Pollux's experiments use 30).
+        adaptive_batch: malleable jobs pick their goodput-optimal batch at every
+            start and epoch (`ProfileJob`'s oracle) instead of the trace's batch.
         oversize: "cap" cuts a request larger than the cluster to the cluster's
             size (recorded in ``capped``); "error" refuses it.
 
@@ -91,7 +95,8 @@ class Replay:
                  spool_dir: str | Path | None = None, report_interval_s: float = 30.0,
                  program_for: Callable[[TraceJob], SimProgram] | None = None,
                  comment_for: Callable[[TraceJob], str] | None = None,
-                 sink: ProgressSink | None = None, oversize: str = "cap"):
+                 sink: ProgressSink | None = None, oversize: str = "cap",
+                 restart_cost_s: float | None = None, adaptive_batch: bool = False):
         if oversize not in ("cap", "error"):
             raise ValueError(f"oversize must be 'cap' or 'error', got {oversize!r}")
         self.engine = engine
@@ -100,6 +105,8 @@ class Replay:
         self.report_interval_s = report_interval_s
         self.comment_for = comment_for
         self.sink = sink
+        self.restart_cost_s = restart_cost_s
+        self.adaptive_batch = adaptive_batch
         self.jobs: list[ReplayedJob] = []
         self.by_id: dict[str, ReplayedJob] = {}
         total = slurm.num_nodes * slurm.gpus_per_node
@@ -122,7 +129,9 @@ class Replay:
 
     def _default_program(self, t: TraceJob) -> SimProgram:
         if t.model in MODELS:
-            return ProfileJob(load_profile(t.model), spool_dir=self.spool_dir, batch=t.batch_size,
+            prof = load_profile(t.model, restart_cost_s=self.restart_cost_s)
+            return ProfileJob(prof, spool_dir=self.spool_dir, batch=t.batch_size,
+                              adaptive_batch=self.adaptive_batch,
                               report_interval_s=self.report_interval_s, sink=self.sink)
         if t.duration_s is not None:
             return RigidJob(t.duration_s)

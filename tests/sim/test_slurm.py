@@ -379,3 +379,47 @@ def test_gpu_timeline_and_allocation_log_record_every_change(sim):
     assert times.tolist() == [0.0, 10.0, 20.0, 30.0]
     assert used.tolist() == [8, 10, 6, 2]
     assert s.allocation_log == [(0.0, ja, 8), (10.0, jb, 2), (20.0, ja, 4), (30.0, ja, 0)]
+
+
+def test_queue_order_is_by_submit_time_and_a_requeued_job_goes_to_the_back():
+    eng = Engine()
+    s = SimSlurm(eng, nodes=1, gpus_per_node=4, requeue_delay_s=0.0, backfill=False)
+    first = Recorder()
+    j1 = s.submit_sim(req(1, 4), first)
+    eng.run(until=1.0)
+    j2 = s.submit_sim(req(1, 2), Recorder())     # shapes differ: order still by submit time
+    eng.run(until=2.0)
+    j3 = s.submit_sim(req(1, 4), Recorder())
+    eng.run(until=3.0)
+    assert [s.job(j).reason for j in (j2, j3)] == ["Resources", "Priority"]
+    s.requeue_hold(j1)                           # submit time reset to 3.0: behind j2, j3
+    s.release(j1)
+    eng.run(until=3.0)
+    assert s.job(j2).state == JobState.RUNNING
+    assert s.job(j3).state == JobState.PENDING   # strict FIFO: 4 GPUs do not fit next to j2
+    assert s.job(j1).state == JobState.PENDING and s.job(j1).reason == "Priority"
+    s.cancel(j2)
+    eng.run(until=4.0)
+    assert s.job(j3).state == JobState.RUNNING and s.job(j1).state == JobState.PENDING
+
+
+def test_many_pending_jobs_start_in_submit_order_without_backfill():
+    eng = Engine()
+    s = SimSlurm(eng, nodes=2, gpus_per_node=4, backfill=False)
+    progs = [Recorder() for _ in range(40)]
+    ids = [s.submit_sim(req(1 + i % 2, 4 if i % 3 else 2), p) for i, p in enumerate(progs)]
+
+    def finish_running() -> None:
+        for p in progs:
+            if p.run is not None and p.run.alive:
+                p.run.exit()
+        if s.active_jobs:
+            eng.schedule_in(10.0, finish_running)
+
+    eng.schedule(10.0, finish_running)
+    eng.run()
+    acct = {a.job_id: a for a in s.accounting()}
+    starts = [acct[j].started for j in ids]
+    assert starts == sorted(starts)              # strict FIFO: never overtaken
+    assert starts[-1] > starts[0]
+    assert all(a.state == JobState.COMPLETED for a in acct.values()) and s.used_gpus == 0

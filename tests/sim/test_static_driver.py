@@ -106,3 +106,33 @@ def test_philly_seed_decides_the_models_and_the_same_seed_the_same_bytes(tmp_pat
         outs[name] = (d / "summary.json").read_bytes()
     assert outs["a"] == outs["b"]
     assert outs["a"] != outs["c"]
+
+
+def test_replay_options_restart_cost_oversize_and_shapes():
+    from malleable.sim.engine import Engine
+    from malleable.sim.jobs import ProfileJob, RigidJob
+    from malleable.sim.slurm import SimSlurm
+    from malleable.sim.workload import Replay
+
+    eng = Engine()
+    s = SimSlurm(eng, nodes=2, gpus_per_node=4)
+    jobs = [TraceJob("m", 0.0, 16, model="cifar10", batch_size=512),
+            TraceJob("r", 5.0, 2, duration_s=50.0)]
+    rep = Replay(eng, s, jobs, restart_cost_s=30.0)
+    assert rep.capped == ["m"] and (rep.jobs[0].nodes, rep.jobs[0].gpus_per_node) == (2, 4)
+    assert isinstance(rep.jobs[0].program, ProfileJob) and isinstance(rep.jobs[1].program, RigidJob)
+    assert rep.jobs[0].program.profile.restart_cost_s == 30.0
+    rep.start()
+    with pytest.raises(RuntimeError):
+        rep.start()
+    eng.run()
+    assert rep.all_done() and rep.finished == 2
+    with pytest.raises(ValueError, match="asks for 16 GPUs, the cluster has 8"):
+        Replay(Engine(), SimSlurm(Engine(), nodes=2, gpus_per_node=4), jobs, oversize="error")
+    with pytest.raises(ValueError, match="has no profile and the job has no duration"):
+        Replay(eng, s, [TraceJob("x", 0.0, 1, model="ResNet-50")])
+    assert [shape_for(g, 4) for g in (1, 4, 6, 8, 10, 12, 7, 16, 48)] == \
+        [(1, 1), (1, 4), (2, 3), (2, 4), (5, 2), (3, 4), (2, 4), (4, 4), (12, 4)]
+    assert shape_for(0, 4) == (1, 0)
+    with pytest.raises(ValueError):
+        shape_for(-1, 4)
