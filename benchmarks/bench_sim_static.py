@@ -10,6 +10,7 @@ its own cost on top.
 Usage:
   python benchmarks/bench_sim_static.py [--workloads DIR] [--spool] [--philly-window]
   --spool          write progress files (to a temporary directory) as in a full run
+                   (Pollux workloads only: the Philly window would write ~10 M lines)
   --philly-window  also replay the first --philly-days days of arrivals of the Philly
                    list's busiest 2-week window (Pollux's filters, seed 0) on 16 x 4 GPUs
 """
@@ -75,7 +76,7 @@ def main() -> int:
               f"average); loaded in {time.perf_counter() - t0:.1f}s")
         for days in args.philly_days:
             part = [j for j in window if j.arrival_s < days * 86400]
-            one(f"philly-busiest-first-{days:g}d", part, spool=args.spool, nodes=16, gpn=4,
+            one(f"philly-busiest-first-{days:g}d", part, spool=False, nodes=16, gpn=4,
                 interval=args.interval)
     return 0
 

@@ -58,6 +58,7 @@ the job.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import os
 import re
@@ -358,6 +359,7 @@ class SimSlurm:
         # (submit time, id), lazily cleaned; pending jobs waiting for a begin time.
         self._ready: dict[tuple[int, int], list[tuple[float, int]]] = {}
         self._waiting: list[tuple[float, int]] = []
+        self._ended: collections.deque[tuple[float, int]] = collections.deque()
         self._used = 0
         self._timeline_t: list[float] = [0.0]
         self._timeline_used: list[int] = [0]
@@ -628,11 +630,14 @@ class SimSlurm:
                             slurm_message=message)
 
     def _purge(self) -> None:
+        """Forget jobs that ended ``min_job_age_s`` ago (ends are queued in time order)."""
         cutoff = self.engine.now - self.min_job_age_s
-        gone = [jid for jid, j in self._visible.items()
-                if j.end_time is not None and j.end_time <= cutoff]
-        for jid in gone:
-            del self._visible[jid]
+        ended = self._ended
+        while ended and ended[0][0] <= cutoff:
+            t, jid = ended.popleft()
+            job = self._visible.get(jid)
+            if job is not None and job.end_time == t:
+                del self._visible[jid]
 
     def _record(self, j: _Job) -> SlurmJob:
         """The job's record; reused while nothing it shows has changed (records are
@@ -863,6 +868,7 @@ class SimSlurm:
     def _finish(self, job: _Job, state: JobState) -> None:
         job.state = state
         job.end_time = self.engine.now
+        self._ended.append((job.end_time, job.id))
         job.reason = "None"
         self._active.pop(job.id, None)
         self._request_pass()
