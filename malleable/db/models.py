@@ -75,7 +75,9 @@ class Job(Base):
     as the job gave it (its comment), ``spec`` the parsed spec (JSON), and
     ``spec_error`` the parser's message when the spec is bad (the job is then
     treated as rigid). ``gpus``/``nodes``/``gpus_per_node``: allocated when
-    running, requested when pending.
+    running, requested when pending. ``arrival_time``: the first submit time
+    (Slurm's ``submit_time`` restarts with every requeue); ``attained_gpu_s``:
+    GPU-seconds the job has run so far (attained service).
     """
 
     __tablename__ = "jobs"
@@ -104,6 +106,10 @@ class Job(Base):
     restart_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     first_seen: Mapped[datetime]
     last_seen: Mapped[datetime]
+    # Set once: Slurm resets submit_time on every requeue (revision 0002).
+    arrival_time: Mapped[datetime | None]
+    # Attained service, GPU-seconds, accumulated at each poll while running (revision 0002).
+    attained_gpu_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class JobEvent(Base):
@@ -159,6 +165,8 @@ class ProgressSample(Base):
     metric: Mapped[float | None] = mapped_column(Float)
     grad_sqr: Mapped[float | None] = mapped_column(Float)
     grad_var: Mapped[float | None] = mapped_column(Float)
+    # The run (Slurm restart count) the sample belongs to (revision 0002).
+    restart: Mapped[int | None]
 
 
 class Estimate(Base):

@@ -37,7 +37,7 @@ from malleable.db.models import (
     Setting,
     Target,
 )
-from malleable.slurm.records import SlurmJob
+from malleable.slurm.records import JobState, SlurmJob
 
 # Bound parameters per IN (...) list; SQLite allows 32766, PostgreSQL 65535.
 _CHUNK = 500
@@ -120,7 +120,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         state = sj.state.value
         if job is None:
             job = Job(slurm_job_id=sid, first_seen=now, state=state, gpus=sj.gpus,
-                      nodes=sj.node_count, restart_count=sj.restart_count, malleable=False)
+                      nodes=sj.node_count, restart_count=sj.restart_count, malleable=False,
+                      arrival_time=sj.submit_time or now, attained_gpu_s=0.0)
             session.add(job)
             existing[sid] = job
             events.append(JobEvent(job=job, time=now, kind="new", new_state=state,
@@ -128,6 +129,10 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             new += 1
         else:
             before = len(events)
+            if job.state == JobState.RUNNING.value and job.last_seen is not None:
+                # Attained service: the GPUs it held since the last poll, while running.
+                dt = (now - job.last_seen).total_seconds()
+                job.attained_gpu_s = (job.attained_gpu_s or 0.0) + max(0.0, dt) * job.gpus
             if job.state != state:
                 events.append(JobEvent(job=job, time=now, kind="state", old_state=job.state,
                                        new_state=state))
@@ -226,6 +231,7 @@ class SampleIn:
     metric: float | None = None
     grad_sqr: float | None = None
     grad_var: float | None = None
+    restart: int | None = None
 
 
 _SAMPLE_FIELDS = tuple(f.name for f in fields(SampleIn))
@@ -248,7 +254,7 @@ def add_progress_samples(session: Session, samples: Iterable[SampleIn | Mapping[
 
 
 SAMPLE_COLUMNS = ("id", "job_id", "time", "step", "samples", "gpus", "nodes", "batch_size",
-                  "metric", "grad_sqr", "grad_var")
+                  "metric", "grad_sqr", "grad_var", "restart")
 
 
 def latest_samples(session: Session, job_ids: Iterable[int], n: int) -> dict[int, list[Row]]:

@@ -23,6 +23,10 @@ from malleable.db.errors import (
 )
 from malleable.db.models import Base
 
+# The newest revision this malleable ships (the test revision 9001 goes on top of it).
+SHIPPED = schema.head_revision()
+SHIPPED_ALL = schema.known_revisions()
+
 EXTRA_REVISION = '''"""test-only revision on top of the shipped head"""
 import sqlalchemy as sa
 from alembic import op
@@ -94,11 +98,11 @@ def test_older_schema_is_refused_with_upgrade_hint(engine, newer_malleable):
     newer_malleable(True)                         # now a newer malleable starts
     with pytest.raises(SchemaTooOld) as ei:
         schema.check_schema(engine)
-    assert ei.value.found == "0001" and ei.value.expected == "9001"
+    assert ei.value.found == SHIPPED and ei.value.expected == "9001"
     assert "run `malleable db upgrade`" in str(ei.value)
     with pytest.raises(SchemaTooOld):
         schema.prepare_schema(engine)             # the daemon never upgrades on its own
-    assert schema.upgrade(engine) == ("0001", "9001")
+    assert schema.upgrade(engine) == (SHIPPED, "9001")
     assert schema.check_schema(engine) == "9001"
 
 
@@ -131,14 +135,14 @@ def test_upgrade_downgrade_errors(engine, newer_malleable):
     with pytest.raises(StoreError, match="unknown revision 'nope'"):
         schema.upgrade(engine, "nope")
     newer_malleable(True)
-    schema.upgrade(engine, "0001")
+    schema.upgrade(engine, SHIPPED)
     with pytest.raises(StoreError, match="newer than the current"):
         schema.downgrade(engine, "9001")
     schema.upgrade(engine)
     with pytest.raises(StoreError, match="older than the current"):
-        schema.upgrade(engine, "0001")
-    assert schema.downgrade(engine, "0001") == ("9001", "0001")
-    assert schema.known_revisions() == ["0001", "9001"]
+        schema.upgrade(engine, SHIPPED)
+    assert schema.downgrade(engine, SHIPPED) == ("9001", SHIPPED)
+    assert schema.known_revisions() == [*SHIPPED_ALL, "9001"]
 
 
 def test_migrations_ship_in_the_package_without_alembic_ini():

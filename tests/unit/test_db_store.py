@@ -236,3 +236,35 @@ def test_deleting_a_job_cascades_to_its_rows(Session):
     with Session() as s:
         for model in (JobEvent, ProgressSample, Target, Action):
             assert s.scalars(select(model)).first() is None, model
+
+
+def test_attained_service_accrues_while_running_and_arrival_survives_requeue(Session):
+    submit = T0 - timedelta(seconds=100)
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [sj("301", submit_time=submit)], T0)
+    steps = [  # (seconds after T0, state, gpus, Slurm's submit time after a requeue)
+        (30, JobState.RUNNING, 4, submit),       # started between polls: nothing yet
+        (90, JobState.RUNNING, 4, submit),       # 60 s x 4 GPUs
+        (120, JobState.PENDING, 8, T0 + timedelta(seconds=110)),  # requeued: 30 s x 4 more
+        (300, JobState.PENDING, 8, T0 + timedelta(seconds=110)),  # pending accrues nothing
+        (330, JobState.RUNNING, 8, T0 + timedelta(seconds=110)),
+        (360, JobState.RUNNING, 8, T0 + timedelta(seconds=110)),  # 30 s x 8
+    ]
+    for dt, state, gpus, st in steps:
+        with Session() as s, s.begin():
+            store.upsert_jobs(s, [sj("301", state, gpus=gpus, nodes=gpus // 4,
+                                     submit_time=st)], T0 + timedelta(seconds=dt))
+    with Session() as s:
+        job = store.get_job(s, "301")
+        assert job.attained_gpu_s == pytest.approx(60 * 4 + 30 * 4 + 30 * 8)
+        assert job.arrival_time == submit          # not Slurm's reset submit time
+        assert job.submit_time == T0 + timedelta(seconds=110)
+
+
+def test_samples_carry_their_run(Session):
+    with Session() as s, s.begin():
+        jid = store.upsert_jobs(s, [sj("401")], T0).ids["401"]
+        store.add_progress_samples(s, [store.SampleIn(jid, T0, 10, 320, 4, 32, restart=2)])
+    with Session() as s:
+        (row,) = store.latest_samples(s, [jid], 5)[jid]
+        assert row.restart == 2
