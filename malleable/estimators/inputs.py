@@ -137,9 +137,13 @@ class ProgressBatch:
         metric: validation metric (NaN: none in this sample).
         grad_sqr, grad_var: gradient statistics (NaN: none); see
             `malleable.estimators.efficiency`.
+        restart: the run the sample belongs to (Slurm's restart count; NaN:
+            unknown, treated as one run).
 
     Throughput is measured between consecutive samples of a job at the same
-    (k, n, m): delta samples / delta t. Bad values (NaN, negative, time going
+    (k, n, m) in the same run: delta samples / delta t. An interval across a
+    checkpoint-requeue holds the queueing and restart time, so it is never a
+    throughput sample, even when the job restarts at the same size. Bad values (NaN, negative, time going
     backwards) never raise; the estimators drop them and count them
     (``REJECTED_SAMPLES``).
 
@@ -157,6 +161,7 @@ class ProgressBatch:
     metric: np.ndarray = field(default=None)  # type: ignore[assignment]
     grad_sqr: np.ndarray = field(default=None)  # type: ignore[assignment]
     grad_var: np.ndarray = field(default=None)  # type: ignore[assignment]
+    restart: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         job = np.asarray(self.job)
@@ -191,7 +196,7 @@ class ProgressBatch:
                 `with_nodes_filled` does.
         """
         keys = ("t", "step", "samples", "gpus", "nodes", "batch", "metric", "grad_sqr",
-                "grad_var")
+                "grad_var", "restart")
         alias = {"t": "time", "batch": "batch_size"}
         cols: dict[str, list[float]] = {k: [] for k in keys}
         jobs: list[int] = []

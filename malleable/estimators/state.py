@@ -38,8 +38,8 @@ class EstimatorState:
     """Everything the estimators remember about J jobs (row j = job j).
 
     Attributes:
-        last: (J, 6) float64, the job's last usable sample: t, step, samples,
-            k, n, m (NaN: none yet).
+        last: (J, 7) float64, the job's last usable sample: t, step, samples,
+            k, n, m, run (NaN: none yet).
         t_ref: (J,) time (s) the recency weights are relative to (NaN: none).
         cfg_k, cfg_n: (J, C) int64 GPUs and nodes of each remembered
             configuration (0: empty slot).
@@ -78,7 +78,7 @@ class EstimatorState:
         config = config or EstimatorConfig()
         J, C, G = int(num_jobs), config.max_configs, len(config.curve_exponents)
         z = np.zeros(J)
-        return cls(last=np.full((J, 6), np.nan), t_ref=np.full(J, np.nan),
+        return cls(last=np.full((J, 7), np.nan), t_ref=np.full(J, np.nan),
                    cfg_k=np.zeros((J, C), np.int64), cfg_n=np.zeros((J, C), np.int64),
                    cfg_m=np.zeros((J, C)), cfg_w=np.zeros((J, C)), cfg_s1=np.zeros((J, C)),
                    cfg_s2=np.zeros((J, C)), intervals=np.zeros(J, np.int64),
@@ -183,9 +183,11 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
         order = np.lexsort((tb, jb))
         idx = order if idx is None else idx[order]
         jb = job[idx]
+    run = batch.restart
     if idx is not None:
         t, smp, gpu, nod, bat = t[idx], smp[idx], gpu[idx], nod[idx], bat[idx]
-        gsqr, gvar, met = batch.grad_sqr[idx], batch.grad_var[idx], batch.metric[idx]
+        gsqr, gvar, met, run = (batch.grad_sqr[idx], batch.grad_var[idx], batch.metric[idx],
+                                run[idx])
     else:
         gsqr, gvar, met = batch.grad_sqr, batch.grad_var, batch.metric
     gpu, nod = np.floor(gpu), np.floor(nod)
@@ -259,7 +261,10 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
 
     # --- throughput intervals: same configuration as the previous sample.
     dt = t - previous(t, 0)
-    interval = (gpu == previous(gpu, 3)) & (nod == previous(nod, 4)) & (bat == previous(bat, 5))
+    prev_run = previous(run, 6)
+    same_run = (run == prev_run) | (np.isnan(run) & np.isnan(prev_run))
+    interval = ((gpu == previous(gpu, 3)) & (nod == previous(nod, 4)) & (bat == previous(bat, 5))
+                & same_run)
     good = interval & (dt > 0) & (dsamples > 0)
     bad_iv = interval & ~good
     if np.any(bad_iv):
@@ -271,7 +276,8 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
 
     last = state.last.copy()
     last[rows] = np.stack([t[seg_end], (batch.step if idx is None else batch.step[idx])[seg_end],
-                           smp[seg_end], gpu[seg_end], nod[seg_end], bat[seg_end]], axis=1)
+                           smp[seg_end], gpu[seg_end], nod[seg_end], bat[seg_end],
+                           run[seg_end]], axis=1)
     return replace(state, last=last, t_ref=t_ref, intervals=intervals, rejected=rejected,
                    gns_w=gns_w, gns_sqr=gns_sqr, gns_var=gns_var, progress=progress,
                    curve=curve, **cfg)

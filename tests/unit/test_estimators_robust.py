@@ -143,3 +143,32 @@ def test_random_samples_never_raise_and_give_finite_nonnegative_goodput(case):
         state, est, table = cycle(state, batch, spec, K, 4, history=hist)
         check_table(table, J)
         assert np.all(np.isfinite(est.u)) and np.all(np.isfinite(est.cov))
+
+
+def test_interval_across_a_requeue_at_the_same_size_is_not_throughput():
+    """A job requeued and restarted at the same (k, n, m): the gap (queueing, restart)
+    must not enter the throughput fit as one very slow interval."""
+    import numpy as np
+
+    from malleable.estimators import EstimatorState, JobSpecs, ProgressBatch, update
+
+    specs = JobSpecs(min_gpus=np.array([1]), max_gpus=np.array([8]), step=np.array([1]),
+                     init_batch=np.array([32.0]))
+    t = np.array([0.0, 10, 20, 1000, 1010, 1020])
+    smp = np.array([0.0, 320, 640, 640, 960, 1280])        # resumes from the checkpoint
+    base = dict(job=np.zeros(6, np.int64), t=t, step=smp / 32, samples=smp,
+                gpus=np.full(6, 4.0), nodes=np.ones(6), batch=np.full(6, 32.0))
+    one_run = update(EstimatorState.empty(1), ProgressBatch(**base), specs)
+    two_runs = update(EstimatorState.empty(1),
+                      ProgressBatch(**base, restart=np.array([0.0, 0, 0, 1, 1, 1])), specs)
+    # Without run numbers the 980 s gap is an interval (with 0 samples: rejected);
+    # with them it is no interval at all, and the four real ones remain.
+    assert int(two_runs.intervals[0]) == 4
+    assert int(two_runs.rejected[0]) == 0
+    assert int(one_run.rejected[0]) == 1
+    # Split across two update calls, the run boundary is still seen.
+    a = update(EstimatorState.empty(1), ProgressBatch(
+        **{k: v[:3] for k, v in base.items()}, restart=np.zeros(3)), specs)
+    b = update(a, ProgressBatch(**{k: v[3:] for k, v in base.items()}, restart=np.ones(3)),
+               specs)
+    assert int(b.intervals[0]) == 4 and int(b.rejected[0]) == 0
