@@ -19,7 +19,9 @@ import click
 from malleable import __version__
 
 # name -> "module:attribute" of a click command or group. Adding a command is one line here.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "report": "malleable.progress.cli:report",
+}
 
 
 class LazyGroup(click.Group):
