@@ -343,7 +343,7 @@ class Reporter:
         gpus: GPUs the job runs on now, in total over its nodes.
         nodes: nodes the job runs on now.
         batch_size: the global batch size last given (None until known).
-        signal_name: the checkpoint signal, e.g. "USR1".
+        signal_name: the checkpoint signal, e.g. "USR1"; signum: its number.
         step, samples: the last values written (0 before the first line).
         dropped: lines not written because of an I/O problem.
     """
@@ -381,7 +381,7 @@ class Reporter:
         self._warned: set[str] = set()
         self._plan: Plan | None = None
         self._plan_read = False
-        self._signum = _signal_number(self.signal_name)
+        self.signum = _signal_number(self.signal_name)
         self._previous_handler: object = None
         if install_handler:
             self.install_signal_handler()
@@ -426,7 +426,7 @@ class Reporter:
             self._warn("thread", "the checkpoint signal handler can only be installed from "
                        "the main thread; call request_checkpoint() yourself")
             return False
-        self._previous_handler = _signal.signal(self._signum, self._on_signal)
+        self._previous_handler = _signal.signal(self.signum, self._on_signal)
         return True
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -541,9 +541,10 @@ class Reporter:
     def checkpointed(self, path: str | os.PathLike, *, step: int | None = None,
                      samples: int | None = None) -> None:
         """Write the ``checkpointed`` event for a checkpoint just saved at ``path``
-        (step and samples default to the last ones written)."""
+        (made absolute; step and samples default to the last ones written)."""
         self._write("checkpointed", self.step if step is None else step,
-                    self.samples if samples is None else samples, path=os.fspath(path))
+                    self.samples if samples is None else samples,
+                    path=os.path.abspath(os.fspath(path)))
 
     def finished(self, *, step: int | None = None, samples: int | None = None) -> None:
         """Write the ``finished`` event: the job reached its target and ends now."""

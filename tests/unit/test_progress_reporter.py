@@ -264,3 +264,17 @@ def test_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
     write_checkpoint(p, b"next")
     assert read_checkpoint(p) == b"next"
     assert not any(x.name.endswith(".tmp") for x in tmp_path.iterdir())
+
+
+def test_daemon_writes_a_plan_the_reporter_reads(tmp_path):
+    from malleable.progress.plan import write_plan
+    (tmp_path / "elsewhere").write_text("keep")
+    (tmp_path / "21.plan.json").symlink_to(tmp_path / "elsewhere")
+    path = write_plan(tmp_path, Plan(job="21", t=1.0, gpus=8, nodes=2, batch=None))
+    assert (tmp_path / "elsewhere").read_text() == "keep"    # the symlink was replaced
+    assert not os.path.islink(path)
+    rep = Reporter("21", tmp_path, gpus=8, nodes=2, install_handler=False)
+    assert rep.plan == Plan(job="21", t=1.0, gpus=8, nodes=2, batch=None)
+    assert rep.recommended_batch_size is None
+    with pytest.raises(ValueError, match="job_id"):
+        write_plan(tmp_path, Plan(job="../x", t=1.0, gpus=1, nodes=1, batch=1))
