@@ -380,6 +380,24 @@ def find_spec(text: str) -> tuple[int, int] | None:
     return start, end
 
 
+def spec_fields(text: str) -> list[tuple[str, str]]:
+    """The raw ``(key, value)`` pairs of the spec in ``text``, keys lower-cased and
+    aliases mapped to the short keys; values unparsed. ``[]`` when there is no spec.
+
+    Lets tools merge specs field by field (``malleable submit`` overlays its
+    options on the script's spec) before one `parse_spec` validates the result.
+
+    Raises:
+        SpecError: ``malleable:`` appears more than once.
+    """
+    span = find_spec(text or "")
+    if span is None:
+        return []
+    body = text[span[0] + len(PREFIX):span[1]]
+    return [(_ALIASES.get(m.group(1).lower(), m.group(1).lower()), m.group(2))
+            for m in _FIELD.finditer(body)]
+
+
 def parse_spec(text: str | None) -> MalleableSpec | None:
     """Parse the malleable spec out of a job comment.
 

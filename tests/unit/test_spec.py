@@ -218,3 +218,10 @@ def test_spec_is_frozen(spec, name):
 def test_signal_targets_are_the_slurm_ports_values():
     from malleable.slurm.records import SignalTarget
     assert set(SIGNAL_TARGETS) == {t.value for t in SignalTarget}
+
+
+def test_spec_fields_gives_raw_pairs_with_short_keys():
+    from malleable.spec import spec_fields
+    assert spec_fields("x malleable:GPUS=2-4,batch_size=64;grace=2m y") == [
+        ("gpus", "2-4"), ("batch", "64"), ("grace", "2m")]
+    assert spec_fields("no spec") == []
