@@ -72,6 +72,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 PREFIX = "malleable:"
@@ -156,6 +157,26 @@ class MalleableSpec:
             value = getattr(self, attr)
             if value is not None:
                 object.__setattr__(self, attr, float(value))
+
+    def as_dict(self) -> dict[str, object]:
+        """The fields as a plain JSON-able dict (how the state store keeps a spec)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> MalleableSpec:
+        """The spec from `as_dict`'s output; unknown keys are ignored (a newer writer).
+
+        Raises:
+            SpecError: a missing or invalid field (names it).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        for required in ("min_gpus", "max_gpus"):
+            if required not in data:
+                raise SpecError(f"malleable spec: gpus: missing {required}", field="gpus")
+        try:
+            return cls(**{k: v for k, v in data.items() if k in names})  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise SpecError(f"malleable spec: {exc}") from None
 
     def allowed_gpus(self) -> list[int]:
         """The GPU counts the spec allows, ascending (before node granularity).

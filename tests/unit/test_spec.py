@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import string
 
 import pytest
@@ -178,6 +179,7 @@ def specs(draw) -> MalleableSpec:
 @given(specs())
 def test_format_parse_round_trip(spec):
     assert parse_spec(format_spec(spec)) == spec
+    assert MalleableSpec.from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
 
 
 comment_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
@@ -225,3 +227,13 @@ def test_spec_fields_gives_raw_pairs_with_short_keys():
     assert spec_fields("x malleable:GPUS=2-4,batch_size=64;grace=2m y") == [
         ("gpus", "2-4"), ("batch", "64"), ("grace", "2m")]
     assert spec_fields("no spec") == []
+
+
+def test_from_dict_validates_and_ignores_unknown_keys():
+    assert MalleableSpec.from_dict({"min_gpus": 1, "max_gpus": 2, "future": 1}) == \
+        MalleableSpec(min_gpus=1, max_gpus=2)
+    with pytest.raises(SpecError, match="gpus"):
+        MalleableSpec.from_dict({"max_gpus": 2})
+    with pytest.raises(SpecError) as info:
+        MalleableSpec.from_dict({"min_gpus": 1, "max_gpus": 2, "step": "4"})
+    assert info.value.field == "step"
