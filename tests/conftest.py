@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.postgres_fixture"]
+
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "scripts" / "slurm-harness"
 
