@@ -30,7 +30,10 @@ propagate: the caller's transaction is then rolled back as a whole).
 The ordering check (step never decreasing within a run) needs each job's last
 accepted (restart, step, samples): `Cursors` keeps it in memory across calls,
 rebuilding a missing one from the database (latest sample and latest job-reported
-event), so a daemon restart keeps checking.
+event), so a daemon restart keeps checking. The ``progress_files`` rows and the
+missing cursors are read in batches of 500 jobs and all samples are inserted
+with one executemany, so a cycle costs a few queries plus one write per job that
+had new lines (benchmarks/results/ingest.txt).
 """
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from malleable.db import store
+from malleable.db.models import JobEvent, ProgressFile
 from malleable.progress.lines import Cursor, LineValidator, ProgressRecord
 from malleable.progress.reporter import MAX_LINE_BYTES
 from malleable.progress.spool import SpoolDir, process_read
@@ -96,18 +101,23 @@ class Cursors:
     """Each job's ordering state (`Cursor`) across ingest calls, keyed by ``jobs.id``.
 
     Kept in memory by the daemon (and the simulator) for the life of the
-    process; a job not seen yet gets its cursor from the database: the step and
-    samples of its latest progress sample and the restart count of its latest
-    job-reported event (0 if none).
+    process; jobs not seen yet get theirs from the database (`load`): the step
+    and samples of the latest progress sample and the restart count of the
+    latest job-reported event (0 if none).
     """
 
     def __init__(self) -> None:
         self._by_job: dict[int, Cursor | None] = {}
 
-    def get(self, session: Session, job_id: int) -> Cursor | None:
-        if job_id not in self._by_job:
-            self._by_job[job_id] = _cursor_from_db(session, job_id)
-        return self._by_job[job_id]
+    def load(self, session: Session, job_ids: Iterable[int]) -> None:
+        """Fetch the cursors of the jobs not known yet (a few queries per 500 jobs)."""
+        missing = [j for j in dict.fromkeys(job_ids) if j not in self._by_job]
+        for i in range(0, len(missing), _CHUNK):
+            self._by_job.update(_cursors_from_db(session, missing[i:i + _CHUNK]))
+
+    def get(self, job_id: int) -> Cursor | None:
+        """The cursor of a job (None: nothing accepted yet, or not loaded)."""
+        return self._by_job.get(job_id)
 
     def set(self, job_id: int, cursor: Cursor | None) -> None:
         self._by_job[job_id] = cursor
@@ -119,19 +129,40 @@ class Cursors:
             del self._by_job[job_id]
 
 
-def _cursor_from_db(session: Session, job_id: int) -> Cursor | None:
-    latest = store.latest_samples(session, [job_id], 1).get(job_id) or []
-    restart = 0
-    for ev in reversed(store.job_events(session, job_id)):
-        if ev.kind in EVENT_KINDS and ev.detail:
-            try:
-                restart = int(json.loads(ev.detail).get("restart", 0))
-            except (ValueError, TypeError, AttributeError):
-                continue
-            break
-    if not latest:
-        return None if restart == 0 else Cursor(restart, 0, 0)
-    return Cursor(restart, int(latest[-1].step), int(latest[-1].samples))
+_CHUNK = 500
+
+
+def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor | None]:
+    latest = store.latest_samples(session, job_ids, 1)
+    restarts: dict[int, int] = {}
+    q = (select(JobEvent.job_id, JobEvent.detail)
+         .where(JobEvent.job_id.in_(job_ids), JobEvent.kind.in_(EVENT_KINDS))
+         .order_by(JobEvent.job_id, JobEvent.time.desc(), JobEvent.id.desc()))
+    for job_id, detail in session.execute(q):
+        if job_id in restarts or not detail:
+            continue
+        try:
+            restarts[job_id] = int(json.loads(detail).get("restart", 0))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    out: dict[int, Cursor | None] = {}
+    for job_id in job_ids:
+        restart = restarts.get(job_id, 0)
+        rows = latest.get(job_id) or []
+        if rows:
+            out[job_id] = Cursor(restart, int(rows[-1].step), int(rows[-1].samples))
+        else:
+            out[job_id] = None if restart == 0 else Cursor(restart, 0, 0)
+    return out
+
+
+def _progress_files(session: Session, job_ids: list[int]) -> dict[int, ProgressFile]:
+    out: dict[int, ProgressFile] = {}
+    for i in range(0, len(job_ids), _CHUNK):
+        part = job_ids[i:i + _CHUNK]
+        for pf in session.scalars(select(ProgressFile).where(ProgressFile.job_id.in_(part))):
+            out[pf.job_id] = pf
+    return out
 
 
 def _event_detail(rec: ProgressRecord) -> str:
@@ -169,11 +200,15 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             should then be committed).
     """
     cursors = cursors if cursors is not None else Cursors()
+    jobs = list(jobs)
     report = IngestReport()
     now_s = now.timestamp()
     limit = max(int(max_bytes_per_job), MAX_LINE_BYTES + 1)
+    files = _progress_files(session, [j.db_id for j in jobs])
+    cursors.load(session, [j.db_id for j in jobs])
+    samples: list[store.SampleIn] = []
     for job in jobs:
-        pf = store.get_progress_file(session, job.db_id)
+        pf = files.get(job.db_id)
         read = spool.read(job.slurm_job_id, job.uid, offset=pf.offset if pf else 0,
                           device=pf.device if pf else None, inode=pf.inode if pf else None,
                           max_bytes=limit)
@@ -193,15 +228,14 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             continue
         if not read.data and pf is not None and not read.reset:
             continue
-        validator = LineValidator(job.slurm_job_id, cursors.get(session, job.db_id),
+        validator = LineValidator(job.slurm_job_id, cursors.get(job.db_id),
                                   max_future_s=max_future_s)
         result = process_read(read, validator, now_s)
         cursors.set(job.db_id, validator.last)
-        samples = [store.SampleIn(
+        samples.extend(store.SampleIn(
             job_id=job.db_id, time=_utc(r.t), step=r.step, samples=r.samples, gpus=r.gpus,
             batch_size=r.batch, nodes=r.nodes, metric=r.metric, grad_sqr=r.grad_sqr,
-            grad_var=r.grad_var) for r in result.records if r.event == "progress"]
-        report.samples += store.add_progress_samples(session, samples)
+            grad_var=r.grad_var) for r in result.records if r.event == "progress")
         for r in result.records:
             if r.event in EVENT_KINDS:
                 store.add_job_event(session, job.db_id, _utc(r.t), r.event, _event_detail(r))
@@ -217,4 +251,5 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             report.rejected.update(result.rejected)
             report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(
                 result.rejected)
+    report.samples = store.add_progress_samples(session, samples)
     return report
