@@ -70,6 +70,12 @@ class IngestJob:
     slurm_job_id: str
     uid: int | None
 
+    @classmethod
+    def of(cls, job: object) -> IngestJob:
+        """From a `malleable.db.models.Job` row (anything with ``id``, ``slurm_job_id``,
+        ``uid``), e.g. ``[IngestJob.of(j) for j in store.active_jobs(s, malleable=True)]``."""
+        return cls(job.id, job.slurm_job_id, job.uid)  # type: ignore[attr-defined]
+
 
 @dataclass
 class IngestReport:

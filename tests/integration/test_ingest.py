@@ -231,6 +231,15 @@ def test_ordering_survives_a_daemon_restart(Session, spool):
     assert samples_of(Session, job) == [1, 60, 61]
 
 
+def test_jobs_straight_from_the_store(Session, spool):
+    add_jobs(Session, "90")
+    with open(spool.file_path("90"), "wb") as fh:
+        fh.write(line("90", 4))
+    with Session() as s, s.begin():
+        jobs = [IngestJob.of(j) for j in store.active_jobs(s)]
+        assert ingest_progress(s, jobs, spool, now=NOW).samples == 1
+
+
 def test_the_simulator_uses_the_same_function_on_its_own_spool(Session, tmp_path):
     sim_spool = SpoolDir(tmp_path / "sim-spool")
     os.makedirs(sim_spool.path)
