@@ -448,13 +448,12 @@ class Reporter:
         """Reset `checkpoint_requested` (e.g. the requeue did not come and training goes on)."""
         self._requested.clear()
 
-    def wait_for_requeue(self, timeout_s: float) -> bool:
-        """Sleep up to ``timeout_s`` seconds after a checkpoint, for the daemon to requeue
-        the job (which ends this process). Returns False if still alive afterwards; the
-        checkpoint request is then cleared so training can go on."""
+    def wait_for_requeue(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s`` seconds after a checkpoint, for the daemon to requeue the
+        job (the requeue ends this process). If it returns, no requeue came: the
+        checkpoint request is cleared so training can go on."""
         time.sleep(max(0.0, timeout_s))
         self.clear_checkpoint_request()
-        return False
 
     # -- the plan --
 

@@ -278,3 +278,11 @@ def test_daemon_writes_a_plan_the_reporter_reads(tmp_path):
     assert rep.recommended_batch_size is None
     with pytest.raises(ValueError, match="job_id"):
         write_plan(tmp_path, Plan(job="../x", t=1.0, gpus=1, nodes=1, batch=1))
+
+
+def test_wait_for_requeue_without_a_requeue_lets_training_go_on(tmp_path):
+    rep = Reporter("3", tmp_path, install_handler=False)
+    rep.request_checkpoint()
+    assert rep.checkpoint_requested
+    rep.wait_for_requeue(0.01)
+    assert not rep.checkpoint_requested
