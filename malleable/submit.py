@@ -7,8 +7,9 @@
 does what ``sbatch`` does, plus what the job contract needs (DESIGN.md section 5):
 
 * the malleable spec goes into ``--comment`` (merged, field by field, from the
-  script's own ``#SBATCH --comment`` spec, then ``--spec``, then the options;
-  other text in the comment is kept);
+  script's own ``#SBATCH --comment`` spec, then a ``--comment`` given here, then
+  ``--spec``, then the options; the other text of the comment that sbatch would
+  use, the command line's or else the script's, is kept);
 * ``--requeue`` and ``--open-mode=append`` (a requeue must neither be refused nor
   truncate the output);
 * the GPU request for the initial size (``--initial-gpus``, default the minimum
@@ -138,19 +139,21 @@ def without_comment(words: list[str]) -> list[str]:
     return out
 
 
-def build_spec(script_comment: str | None, spec_text: str | None,
+def build_spec(comments: list[str | None], spec_text: str | None,
                options: dict[str, str | None]) -> MalleableSpec:
-    """Merge the script's spec, ``--spec`` and the options (later wins, field by field).
+    """Merge the specs in ``comments`` (the script's, then the command line's), then
+    ``--spec``, then the options: later wins, field by field.
 
     Raises:
         SpecError: the merged spec is invalid (names the field and the value).
     """
     fields: dict[str, str] = {}
-    for text in (script_comment, spec_text):
-        if text:
-            if find_spec(text) is None:
-                text = "malleable:" + text
-            fields.update(spec_fields(text))
+    for comment in comments:
+        fields.update(spec_fields(comment or ""))
+    if spec_text:
+        if find_spec(spec_text) is None:
+            spec_text = "malleable:" + spec_text
+        fields.update(spec_fields(spec_text))
     fields.update({key: value for key, value in options.items() if value is not None})
     if "gpus" not in fields:
         raise SpecError("malleable spec: gpus: missing; give the GPU range, e.g. --gpus 2-16",
@@ -224,8 +227,9 @@ def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> No
               f"(use --gpus MIN-MAX and --initial-gpus)", 2)
     try:
         directives = script_directives(script)
-        base_comment = comment_in(passthrough) or comment_in(directives) or ""
-        spec = build_spec(base_comment, spec_text,
+        script_comment, own_comment = comment_in(directives), comment_in(passthrough)
+        base_comment = own_comment if own_comment is not None else script_comment or ""
+        spec = build_spec([script_comment, own_comment], spec_text,
                           {_SPEC_OPTIONS[k]: v for k, v in options.items()})
         config = load_config(config_path)
     except (SubmitError, SpecError, ConfigError) as exc:

@@ -38,9 +38,16 @@ def test_script_directives_stop_at_the_first_command(tmp_path):
 
 
 def test_options_override_spec_which_overrides_the_script():
-    spec = build_spec("x malleable:gpus=2-8,batch=64,step=2", "gpus=2-16,grace=30",
-                      {"step": "4", "batch": None, "model": "cifar10"})
-    assert spec == parse_spec("malleable:gpus=2-16,batch=64,step=4,grace=30,model=cifar10")
+    spec = build_spec(["x malleable:gpus=2-8,batch=64,step=2", "y malleable:signal=USR2"],
+                      "gpus=2-16,grace=30", {"step": "4", "batch": None, "model": "cifar10"})
+    assert spec == parse_spec("malleable:gpus=2-16,batch=64,step=4,grace=30,model=cifar10,"
+                              "signal=USR2")
+
+
+def test_a_comment_without_a_spec_is_kept_as_other_text():
+    spec = build_spec(["owner=ann"], None, {"gpus": "2-4"})
+    assert spec == parse_spec("malleable:gpus=2-4")
+    assert build_spec([None], "malleable:gpus=1-2", {}) == parse_spec("malleable:gpus=1-2")
 
 
 def test_initial_shape_whole_nodes_above_one_node():
