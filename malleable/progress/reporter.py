@@ -526,8 +526,10 @@ class Reporter:
             samples: cumulative training samples processed (>= 0), across restarts.
             metric: the current training or validation metric (e.g. loss, accuracy).
             batch_size: the global batch size now (remembered for later lines).
-            grad_sqr, grad_var: gradient statistics (squared norm of the mean gradient
-                and the variance of per-sample gradients, as in Pollux) if computed.
+            grad_sqr, grad_var: gradient statistics, if computed: an estimate of the
+                squared norm of the true gradient, and the trace of the gradient
+                estimate's covariance normalised to the initial batch m0 (AdaptDL's
+                convention: noise scale phi = m0 * grad_var / grad_sqr).
                 Non-finite floats are left out of the line, with one warning.
 
         Raises:
