@@ -114,13 +114,21 @@ class ThroughputPrior(NamedTuple):
 
 
 def prior_from_finished(params: ThroughputParams, group: np.ndarray, job_group: np.ndarray,
-                        min_log_sd: float = 0.2) -> ThroughputPrior:
+                        min_log_sd: float = 0.2,
+                        log_sd: np.ndarray | None = None) -> ThroughputPrior:
     """A prior per job from the fitted parameters of finished jobs of its group.
 
     The group is whatever the caller matches on (same job name, user and
     model). For each job whose group has finished jobs, the prior mean is the
-    geometric mean of their parameters (mean of ``u``) and ``log_sd`` is their
-    spread, at least ``min_log_sd``.
+    geometric mean of their parameters (mean of ``u``). Its variance, per
+    entry of ``u``, is the spread of the finished jobs' values plus, where
+    ``log_sd`` is given, the mean of their own posterior variances (the law of
+    total variance: Var[u] = Var(E[u | job]) + E[Var(u | job)]); the standard
+    deviation is at least ``min_log_sd``. Without ``log_sd`` a parameter that
+    the finished jobs never identified (in-node synchronisation of jobs that
+    only ran across nodes, or a compute/sync split their data could not
+    separate) would be passed on as known to within ``min_log_sd``, and could
+    overrule a new job's own samples.
 
     Args:
         params: `ThroughputParams` with (H,) fields, one per finished job (the
@@ -128,26 +136,38 @@ def prior_from_finished(params: ThroughputParams, group: np.ndarray, job_group: 
         group: (H,) int, the group of each finished job.
         job_group: (J,) int, the group of each job to estimate (-1: none).
         min_log_sd: floor of the prior's log standard deviation.
+        log_sd: (H, 7) posterior standard deviation of each finished job's
+            ``u`` (`Estimates.log_sd` of their last estimates), or None: only
+            the spread between the finished jobs counts.
 
     Returns:
         `ThroughputPrior` for the J jobs; ``given`` is False where the job's
         group has no finished job (the cluster default then applies).
+
+    Raises:
+        ValueError: ``log_sd`` is not (H, 7).
     """
     job_group = np.asarray(job_group, dtype=np.int64)
     J = job_group.shape[0]
     group = np.asarray(group, dtype=np.int64)
     u = params.to_u().reshape(-1, NUM_PARAMS) if group.size else np.zeros((0, NUM_PARAMS))
+    post_var = np.zeros_like(u)
+    if log_sd is not None:
+        post = np.asarray(log_sd, dtype=np.float64)
+        if post.shape != u.shape:
+            raise ValueError(f"log_sd must have shape {u.shape}, got {post.shape}")
+        post_var = np.where(np.isfinite(post), post, 0.0) ** 2
     mean_u = np.zeros((J, NUM_PARAMS))
     sd = np.full((J, NUM_PARAMS), min_log_sd)
     given = np.zeros(J, dtype=bool)
     for g in np.unique(job_group[job_group >= 0]):
-        rows = u[group == g]
-        if rows.shape[0] == 0:
+        rows = group == g
+        if not np.any(rows):
             continue
         sel = job_group == g
-        mean_u[sel] = rows.mean(axis=0)
-        if rows.shape[0] > 1:
-            sd[sel] = np.maximum(rows.std(axis=0, ddof=1), min_log_sd)
+        mean_u[sel] = u[rows].mean(axis=0)
+        between = u[rows].var(axis=0, ddof=1) if rows.sum() > 1 else np.zeros(NUM_PARAMS)
+        sd[sel] = np.maximum(np.sqrt(between + post_var[rows].mean(axis=0)), min_log_sd)
         given[sel] = True
     return ThroughputPrior(ThroughputParams.from_u(mean_u), sd, given)
 

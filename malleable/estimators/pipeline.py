@@ -77,6 +77,16 @@ class Estimates(NamedTuple):
         return ThroughputParams.from_u(self.u)
 
     @property
+    def log_sd(self) -> np.ndarray:
+        """(J, 7) posterior standard deviation of each entry of ``u`` (sqrt of cov's diagonal).
+
+        Store it with `params` when a job ends: `prior_from_finished` takes it
+        as ``log_sd`` so that a prior is no surer of a parameter than the
+        finished job was.
+        """
+        return np.sqrt(np.maximum(np.diagonal(self.cov, axis1=1, axis2=2), 0.0))
+
+    @property
     def from_prior(self) -> np.ndarray:
         """(J,) bool: the throughput model is the prior's (no usable samples or a failed fit)."""
         return (self.flags & int(F.NO_SAMPLES | F.FIT_FAILED)) != 0

@@ -74,6 +74,23 @@ def test_prior_from_finished_jobs_is_the_geometric_mean_per_group():
     assert prior.log_sd[1, 0] == pytest.approx(0.2)                          # one job: floor
 
 
+def test_prior_from_finished_jobs_adds_their_posterior_variance():
+    """Law of total variance: spread of the finished jobs' u plus their mean posterior variance."""
+    fin = ThroughputParams(*(np.array([v, 4 * v, 100 * v]) for v in P[:6]),
+                           np.array([2.0, 2.0, 3.0]))
+    post = np.full((3, 7), 0.1)
+    post[:, 2] = 1.0                    # in-node sync never identified by these jobs
+    prior = prior_from_finished(fin, np.array([1, 1, 2]), np.array([1, 2]), log_sd=post)
+    between = np.var(np.log([1, 4]), ddof=1)
+    assert prior.log_sd[0, 0] == pytest.approx(np.sqrt(between + 0.01))
+    assert prior.log_sd[0, 2] == pytest.approx(np.sqrt(between + 1.0))
+    assert prior.log_sd[1, 2] == pytest.approx(1.0)                  # one job: its own sd
+    assert prior.log_sd[1, 0] == pytest.approx(0.2)                  # ... floored at min_log_sd
+    assert float(prior.mean.alpha_c[0]) == pytest.approx(P.alpha_c * 2)   # mean unchanged
+    with pytest.raises(ValueError, match="log_sd must have shape"):
+        prior_from_finished(fin, np.array([1, 1, 2]), np.array([1]), log_sd=np.ones((3, 6)))
+
+
 def test_warm_start_is_stable_without_new_samples():
     spec = specs_for(2, 32.0)
     b = batch_of(*[job_samples(j, [(1, 1, 32, 10), (2, 1, 64, 10)], params=P, noise=0.03,

@@ -152,6 +152,39 @@ def test_single_node_job_takes_cross_node_sync_from_the_supplied_prior():
     assert float(est.params.alpha_r[0]) == pytest.approx(P.alpha_r, rel=0.1)
 
 
+def test_prior_from_a_cross_node_only_job_does_not_overrule_the_jobs_own_samples():
+    """A finished job that only ran across nodes cannot split compute from sync (gamma ~ 1).
+
+    Its prior, with its posterior sd (`Estimates.log_sd`), must leave the new
+    job's single-node samples in charge of what they show. With only the
+    0.3 floor as sd, the unidentified compute time (far too small in the
+    finished job's fit) overrules them: the job's own 1-GPU time is
+    predicted about 10 times too short.
+    """
+    q = ThroughputParams(alpha_c=0.006, beta_c=2e-7, alpha_r=0.004, beta_r=0.001,
+                         alpha_n=0.012, beta_n=0.0002, gamma=1.05)
+    spec = specs_for(1, 256.0)
+    cross = [(k, n, k * lb, 8) for k, n in ((2, 2), (3, 2), (6, 2), (12, 3), (24, 6), (48, 12))
+             for lb in (256.0, 2048.0, 16384.0)]
+    fb = batch_of(job_samples(0, cross, params=q, noise=0.05, rng=np.random.default_rng(1)))
+    fin = estimate(update(EstimatorState.empty(1), fb, spec), spec)
+    assert fin.log_sd.shape == (1, 7) and fin.log_sd[0, 2] > 0.5   # in-node sync: unknown
+    own = [(k, 1, k * lb, 8) for k in (1, 2, 4) for lb in (256.0, 2048.0, 16384.0)]
+    b = batch_of(job_samples(0, own, params=q, noise=0.05, rng=np.random.default_rng(2)))
+    k, n, m = np.array([1, 2, 4, 1, 4]), np.ones(5), np.array([256.0, 512.0, 1024.0, 16384.0,
+                                                                 65536.0])
+    truth = iteration_time(q, k, n, m)
+
+    def fitted(**kw):
+        prior = prior_from_finished(fin.params, np.array([0]), np.array([0]), min_log_sd=0.3,
+                                    **kw)
+        est = estimate(update(EstimatorState.empty(1), b, spec), spec, prior=prior)
+        return iteration_time(est.params, k, n, m)[0] / truth
+
+    np.testing.assert_allclose(fitted(log_sd=fin.log_sd), 1.0, rtol=0.1)
+    assert fitted()[0] < 0.5        # the overconfident prior: the failure this guards against
+
+
 def test_params_round_trip_and_reject_out_of_domain_values():
     back = ThroughputParams.from_u(P.to_u())
     for name in P._fields:
