@@ -36,6 +36,7 @@ import sys
 import click
 
 from malleable.config import ConfigError, load_config
+from malleable.slurm import connect
 from malleable.slurm.client import SlurmError
 from malleable.slurm.records import SubmitRequest
 from malleable.spec import (
@@ -234,8 +235,6 @@ def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> No
         config = load_config(config_path)
     except (SubmitError, SpecError, ConfigError) as exc:
         _fail(str(exc), 2)
-    from malleable.slurm import connect
-
     try:
         client = connect()
         nodes, per_node = initial_shape(spec, initial_gpus, client.cluster().gpus_per_node)
