@@ -185,6 +185,8 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
 
 
 def _fail(message: str, code: int) -> None:
+    """Print the error on one line (Slurm's own messages may span several) and exit."""
+    message = "; ".join(part.strip() for part in message.splitlines() if part.strip())
     click.echo(f"malleable submit: error: {message}", err=True)
     sys.exit(code)
 

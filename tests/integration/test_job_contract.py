@@ -154,3 +154,36 @@ def test_emulated_job_throughput_follows_the_profile_across_a_requeue(slurm, tmp
     assert x4 == pytest.approx(p4, rel=0.15)
     assert x4 / x2 == pytest.approx(p4 / p2, rel=0.15)
     assert done["step"] == 1600
+
+
+def test_a_shell_job_reports_with_malleable_report(slurm, tmp_path):
+    """A non-Python array task: `malleable report` reads the same Slurm environment."""
+    script = tmp_path / "shell.sbatch"
+    exe = Path(sys.executable).parent / "malleable"
+    script.write_text("#!/bin/bash\n"
+                      f"{exe} report started --batch 8\n"
+                      f"{exe} report progress --step 5 --samples 40 --metric 0.5\n"
+                      f"{exe} report checkpointed ck.bin\n"
+                      f"{exe} report finished\n")
+    client = connect()
+    job_id = client.submit(SubmitRequest(
+        script=str(script), nodes=1, gpus_per_node=2, comment="malleable:gpus=2",
+        workdir=str(tmp_path), output=str(tmp_path / "shell-%A_%a.out"),
+        extra_args=("--array=7",), env=(("MALLEABLE_SPOOL", str(tmp_path / "spool")),)))
+    progress = tmp_path / "spool" / f"{job_id}_7.jsonl"
+    got = wait_until(lambda: (x := lines(progress)) and x[-1]["event"] == "finished" and x,
+                     timeout=60, what="the shell job's finished line")
+    assert [x["event"] for x in got] == ["started", "progress", "checkpointed", "finished"]
+    assert all(x["job"] == f"{job_id}_7" and x["gpus"] == 2 and x["batch"] == 8
+               and x["restart"] == 0 for x in got)
+    assert got[2]["path"] == str(tmp_path / "ck.bin") and got[2]["step"] == 5
+
+
+def test_submit_refused_by_slurm_exits_1_with_slurms_message(slurm, tmp_path):
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "malleable"), "submit", "--gpus", "1-4",
+         "-p", "no-such-partition", str(EXAMPLES / "torch_job.sbatch")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    lines_ = proc.stderr.strip().splitlines()
+    assert len(lines_) == 1 and "partition" in lines_[0].lower(), proc.stderr
