@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, {platform.system()} "
           f"{platform.release()} {platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}")
+          f"Python {platform.python_version()}; a VM shared with other test runs: times vary "
+          f"by up to 2x between runs")
 
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         spool = Path(tmp) / "spool"
