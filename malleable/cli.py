@@ -22,6 +22,8 @@ from malleable import __version__
 COMMANDS: dict[str, str] = {
     "conf": "malleable.slurm_conf.cli:conf",
     "db": "malleable.db.cli:db",
+    "report": "malleable.progress.cli:report",
+    "submit": "malleable.submit:submit",
 }
 
 
