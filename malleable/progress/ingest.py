@@ -155,6 +155,8 @@ def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor |
     for job_id in job_ids:
         restart = restarts.get(job_id, 0)
         rows = latest.get(job_id) or []
+        if rows and rows[-1].restart is not None:
+            restart = max(restart, int(rows[-1].restart))
         if rows:
             out[job_id] = Cursor(restart, int(rows[-1].step), int(rows[-1].samples))
         else:
@@ -241,7 +243,8 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
         samples.extend(store.SampleIn(
             job_id=job.db_id, time=_utc(r.t), step=r.step, samples=r.samples, gpus=r.gpus,
             batch_size=r.batch, nodes=r.nodes, metric=r.metric, grad_sqr=r.grad_sqr,
-            grad_var=r.grad_var) for r in result.records if r.event == "progress")
+            grad_var=r.grad_var, restart=r.restart)
+            for r in result.records if r.event == "progress")
         for r in result.records:
             if r.event in EVENT_KINDS:
                 store.add_job_event(session, job.db_id, _utc(r.t), r.event, _event_detail(r))
