@@ -70,6 +70,7 @@ import numpy as np
 
 from malleable.sim.engine import PRIORITY_LATE, Engine
 from malleable.slurm.client import InvalidJobId, SlurmRejected
+from malleable.slurm.hostlist import compress_hostlist
 from malleable.slurm.records import (
     ClusterInfo,
     JobState,
@@ -255,27 +256,6 @@ class _Job:
     @property
     def gpus(self) -> int:
         return sum(g for _, g in self.alloc)
-
-
-def hostlist(names: list[str]) -> str:
-    """Slurm's compressed node list: ["node1", "node2", "node4"] -> "node[1-2,4]"."""
-    if not names:
-        return ""
-    if len(names) == 1:
-        return names[0]
-    m = [re.match(r"^(.*?)(\d+)$", n) for n in names]
-    if not all(m) or len({x.group(1) for x in m if x}) != 1:
-        return ",".join(names)
-    prefix = m[0].group(1)  # type: ignore[union-attr]
-    nums = sorted(int(x.group(2)) for x in m if x)
-    runs: list[list[int]] = []
-    for n in nums:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs]
-    return f"{prefix}[{','.join(parts)}]"
 
 
 # ----------------------------------------------------------------------------- the controller
@@ -673,7 +653,7 @@ class SimSlurm:
         return SlurmJob(
             job_id=str(j.id), job_id_num=j.id, name=j.name, user="root", uid=0,
             partition=j.partition, state=j.state, reason=reason, held=j.held,
-            nodes=hostlist(names), node_count=node_count, gpus=gpus, gpus_per_node=gpn,
+            nodes=compress_hostlist(names), node_count=node_count, gpus=gpus, gpus_per_node=gpn,
             submit_time=at(j.submit_time),
             eligible_time=at(j.begin_time) if j.state == JobState.PENDING else None,
             start_time=at(j.start_time) if j.start_time is not None else None,

@@ -16,6 +16,7 @@ Public API (``malleable conf check`` is `check_configuration` plus a view):
 * `snippet` -> the slurm.conf lines to add
 """
 
+from malleable.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from malleable.slurm_conf.controller import (
     ControllerConfig,
     ControllerQuery,
@@ -24,7 +25,6 @@ from malleable.slurm_conf.controller import (
     query_controller,
 )
 from malleable.slurm_conf.gres import GresSpecError, parse_count, parse_gres
-from malleable.slurm_conf.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from malleable.slurm_conf.inventory import build_inventory
 from malleable.slurm_conf.parser import (
     Entry,

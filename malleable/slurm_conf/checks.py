@@ -29,8 +29,8 @@ import math
 from collections.abc import Iterable
 
 from malleable.config import Config
+from malleable.slurm.hostlist import compress_hostlist
 from malleable.slurm_conf.controller import ControllerQuery
-from malleable.slurm_conf.hostlist import compress_hostlist
 from malleable.slurm_conf.keys import GRES_CONF_KEYS, GRES_CONF_PARAMS, SLURM_CONF_KEYS
 from malleable.slurm_conf.parser import ParsedConf
 from malleable.slurm_conf.records import CheckResult, Finding, Inventory, Location, Severity

@@ -20,8 +20,8 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from malleable.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from malleable.slurm_conf.gres import GresSpecError, parse_count, parse_gres
-from malleable.slurm_conf.hostlist import HostlistError, compress_hostlist, expand_hostlist
 from malleable.slurm_conf.parser import ParsedConf, Record
 from malleable.slurm_conf.records import (
     Finding,

@@ -13,9 +13,9 @@ import textwrap
 from dataclasses import dataclass, field
 
 from malleable.config import Config
+from malleable.slurm.hostlist import compress_hostlist
 from malleable.slurm_conf.checks import run_checks
 from malleable.slurm_conf.controller import ControllerQuery, query_controller
-from malleable.slurm_conf.hostlist import compress_hostlist
 from malleable.slurm_conf.inventory import build_inventory
 from malleable.slurm_conf.parser import ParsedConf, parse_gres_conf, parse_slurm_conf
 from malleable.slurm_conf.records import CheckResult, Finding, Inventory, NodeInfo, Severity

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from malleable.sim.engine import Engine
-from malleable.sim.slurm import IdleProgram, Run, SimSlurm, hostlist
+from malleable.sim.slurm import IdleProgram, Run, SimSlurm
 from malleable.slurm.client import InvalidJobId, SlurmClient, SlurmRejected
+from malleable.slurm.hostlist import compress_hostlist as hostlist
 from malleable.slurm.records import JobState, SignalTarget, SubmitRequest
 
 
