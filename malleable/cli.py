@@ -19,7 +19,12 @@ import click
 from malleable import __version__
 
 # name -> "module:attribute" of a click command or group. Adding a command is one line here.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "conf": "malleable.slurm_conf.cli:conf",
+    "db": "malleable.db.cli:db",
+    "report": "malleable.progress.cli:report",
+    "submit": "malleable.submit:submit",
+}
 
 
 class LazyGroup(click.Group):

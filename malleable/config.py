@@ -219,8 +219,8 @@ def load_config(path: str | os.PathLike | None = None, env: dict | None = None) 
             the line), or a value is invalid (message names the key and the value).
     """
     env = os.environ if env is None else env
-    explicit = path is not None or ENV_CONFIG in env
-    p = Path(path if path is not None else env.get(ENV_CONFIG, DEFAULT_CONFIG_PATH))
+    explicit = path is not None or bool(env.get(ENV_CONFIG))
+    p = Path(path if path is not None else (env.get(ENV_CONFIG) or DEFAULT_CONFIG_PATH))
     if not p.exists():
         if explicit:
             raise ConfigError(f"{p}: configuration file not found")

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.postgres_fixture"]
+
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "scripts" / "slurm-harness"
 
@@ -137,7 +139,10 @@ def slurm(request: pytest.FixtureRequest, slurm_cluster: Harness):
     slurm_cluster.cancel_all()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("slurm") is not None and "slurm" not in item.fixturenames:
-            item.fixturenames.append("slurm")
+@pytest.fixture(autouse=True)
+def _slurm_for_marked_tests(request: pytest.FixtureRequest):
+    """Give every test marked ``slurm`` (and only those, even among parameters of one
+    test) the cluster, and cancel its jobs afterwards."""
+    if request.node.get_closest_marker("slurm") is not None:
+        request.getfixturevalue("slurm")
+    yield

@@ -95,6 +95,14 @@ class SpeedupTable:
         remaining_std: (J,) float64, standard deviation of remaining_work (>= 0).
         from_prior: (J,) bool, the throughput model came from a prior, not the
             job's own samples (too few of them, or unusable).
+        flags: (J,) int64, `malleable.estimators.params.EstimateFlags` bitmask:
+            which parts of each job's estimate came from priors or fallbacks
+            (default all 0).
+        goodput_std: (J, K) float64, standard deviation of ``goodput`` from the
+            throughput model's parameter uncertainty (default all 0).
+        speedup_exponent: (J,) float64, p of the power-law fit ``X ~ k^p``
+            (heSRPT's speedup model) to the job's samples, the prior's p where
+            one GPU count was observed (default NaN: not estimated).
 
     Source: the table of per-allocation goodput is Pollux's input to its
     scheduler (Qiao et al., OSDI'21, section 4.2); the remaining time per
@@ -109,6 +117,9 @@ class SpeedupTable:
     remaining_work: np.ndarray
     remaining_std: np.ndarray
     from_prior: np.ndarray = field(default=None)  # type: ignore[assignment]
+    flags: np.ndarray = field(default=None)  # type: ignore[assignment]
+    goodput_std: np.ndarray = field(default=None)  # type: ignore[assignment]
+    speedup_exponent: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         J, K = self.goodput.shape
@@ -123,6 +134,17 @@ class SpeedupTable:
                 raise ValueError(f"{name} must have shape ({J},), got {getattr(self, name).shape}")
         if self.from_prior is None:
             object.__setattr__(self, "from_prior", np.zeros(J, dtype=bool))
+        if self.flags is None:
+            object.__setattr__(self, "flags", np.zeros(J, dtype=np.int64))
+        if self.goodput_std is None:
+            object.__setattr__(self, "goodput_std", np.zeros((J, K)))
+        if self.speedup_exponent is None:
+            object.__setattr__(self, "speedup_exponent", np.full(J, np.nan))
+        for name, shape in (("from_prior", (J,)), ("flags", (J,)), ("goodput_std", (J, K)),
+                            ("speedup_exponent", (J,))):
+            if np.shape(getattr(self, name)) != shape:
+                raise ValueError(f"{name} must have shape {shape}, "
+                                 f"got {np.shape(getattr(self, name))}")
 
     @property
     def num_jobs(self) -> int:

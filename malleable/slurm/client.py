@@ -50,6 +50,10 @@ class InvalidJobId(SlurmError, ValueError):
     """A job id that is not of the forms 123, 123_4 or 123+0 (refused before any command runs)."""
 
 
+class InvalidArgument(SlurmError, ValueError):
+    """A signal, node or GPU count the port refuses before any command runs (names the value)."""
+
+
 @runtime_checkable
 class SlurmClient(Protocol):
     """What malleable needs from Slurm. Every method may raise `SlurmUnavailable`;

@@ -73,10 +73,13 @@ class SlurmJob:
         name, user, uid, account, partition: as in squeue ("" when unset).
         state: base state; ``state_flags`` holds extra flags Slurm reports with it
             (e.g. "REQUEUED", "COMPLETING" in 23.11+ lists).
-        reason: the pending/hold reason ("None" when running).
+        reason: the pending/hold reason as squeue's %r shows it: Slurm's description
+            when it set one ("job requeued in held state"), else the reason code
+            ("JobHeldUser", "Resources"); "None" when running.
         held: True when the job is held (priority 0, or a held reason).
         nodes: the node list expression ("node[1-2]"), "" when pending.
-        node_count: nodes allocated (running) or requested (pending).
+        node_count: nodes allocated (running) or requested (pending; read from the
+            job's TRES request, since Slurm keeps the old allocation's count after a requeue).
         gpus: GPUs allocated in total (running) or requested (pending).
         gpus_per_node: GPUs per node, allocated (running) or requested (pending);
             for an uneven allocation, the maximum over nodes.
@@ -191,6 +194,7 @@ class SubmitRequest:
         workdir: working directory ("" = the caller's).
         extra_args: further sbatch options, passed as given (each one argv element).
         env: extra environment variables for the job.
+        hold: submit the job held (``sbatch --hold``); it stays PENDING until released.
     """
 
     script: str
@@ -205,3 +209,4 @@ class SubmitRequest:
     workdir: str = ""
     extra_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    hold: bool = False

@@ -59,3 +59,8 @@ def test_missing_explicit_file_is_error(tmp_path):
 def test_missing_default_file_gives_defaults(tmp_path, monkeypatch):
     monkeypatch.setattr("malleable.config.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     assert load_config(env={}).source == "<defaults>"
+
+
+def test_empty_config_env_counts_as_unset(tmp_path, monkeypatch):
+    monkeypatch.setattr("malleable.config.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    assert load_config(env={"MALLEABLE_CONFIG": ""}).source == "<defaults>"

@@ -1,0 +1,294 @@
+"""The actuator: drives each action's state machine against Slurm, crash-safely.
+
+The pure transitions live in `malleable.daemon.actions`; this module is the
+imperative shell around them. For every unfinished action it repeats:
+
+1. observe: the job as Slurm reported it in this cycle's poll (updated locally
+   with the expected effect of each call made since), and the time of the
+   job's latest ``checkpointed`` progress event;
+2. ``advance`` -> (call, next step);
+3. record the attempt in the database and COMMIT, before the call (for the
+   signal step, also ``signalled_at``, so the grace period survives a crash);
+4. make the Slurm call;
+5. record the next step and commit.
+
+A daemon killed between 3 and 5 finds the step again on restart, and
+``advance`` re-checks Slurm's state first, so nothing happens twice (a job
+that has already left RUNNING is never requeued again). Errors:
+
+* `SlurmUnavailable`: the step stays; every action waits for the next cycle.
+* `SlurmRejected` at SHRINK: the in-place shrink becomes a checkpoint-requeue
+  (a new action; the old one is marked failed with Slurm's message).
+* `SlurmRejected` elsewhere: retried with back-off up to ``max_attempts``;
+  then an action that has requeued the job skips to releasing it (at its old
+  size if the resize was refused), and a release is retried until it
+  succeeds, so a job the daemon held is always released; an action that has
+  not yet touched the job fails harmlessly.
+* A job that does not checkpoint within its grace: the action is abandoned
+  and the job backed off from requeues (`malleable.daemon.history`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from malleable.daemon.actions import FIRST_STEP, ActionState, Call, Observation, Step, advance
+from malleable.daemon.logs import job_logger
+from malleable.daemon.reconcile import ActionKind, PlannedAction
+from malleable.daemon.shapes import Shape
+from malleable.db import store
+from malleable.db.models import Action, Job, JobEvent
+from malleable.slurm.client import SlurmClient, SlurmRejected, SlurmUnavailable
+from malleable.slurm.records import JobState, SignalTarget, SlurmJob
+
+log = logging.getLogger(__name__)
+
+# Steps after which the job is (or may be) held by us: a failure must still release it.
+_AFTER_REQUEUE = (Step.RESIZE, Step.START_NOW, Step.RELEASE)
+
+
+@dataclass
+class DriveReport:
+    """What one `Actuator.drive` did.
+
+    Attributes:
+        calls: Slurm calls made, by method name.
+        finished: actions that reached a terminal step, as (job id, step).
+        abandoned_no_checkpoint: jobs whose checkpoint did not come within grace.
+        slurm_unavailable: Slurm stopped answering; remaining actions wait.
+    """
+
+    calls: dict[str, int] = field(default_factory=dict)
+    finished: list[tuple[str, str]] = field(default_factory=list)
+    abandoned_no_checkpoint: list[str] = field(default_factory=list)
+    slurm_unavailable: bool = False
+
+    @property
+    def rpc_count(self) -> int:
+        return sum(self.calls.values())
+
+
+def _spec_value(job: Job, key: str, default):
+    spec = job.spec or {}
+    value = spec.get(key)
+    return default if value is None else value
+
+
+def _expected_after(job: SlurmJob, call: Call) -> SlurmJob:
+    """The job as Slurm will report it after ``call`` succeeds (for the next step's check)."""
+    m = call.method
+    if m == "requeue_hold":
+        return replace(job, state=JobState.PENDING, held=True, nodes="",
+                       restart_count=job.restart_count + 1)
+    if m == "resize_pending":
+        nodes, gpn = call.args
+        return replace(job, node_count=nodes, gpus_per_node=gpn, gpus=nodes * gpn)
+    if m == "shrink_running":
+        (nodes,) = call.args
+        return replace(job, node_count=nodes, gpus=nodes * job.gpus_per_node)
+    if m == "hold":
+        return replace(job, held=True)
+    if m == "release":
+        return replace(job, held=False)
+    return job
+
+
+class Actuator:
+    """Creates actions from the reconciler's plan and drives them to completion.
+
+    Args:
+        slurm: the Slurm port (real or simulated).
+        sessions: a read-write `sessionmaker` of the state store.
+        max_attempts: Slurm refusals tolerated per step before giving up on it.
+        retry_after_s: back-off after a refused call, doubled per attempt.
+    """
+
+    def __init__(self, slurm: SlurmClient, sessions: sessionmaker, *, max_attempts: int = 4,
+                 retry_after_s: float = 15.0) -> None:
+        self.slurm = slurm
+        self.sessions = sessions
+        self.max_attempts = max_attempts
+        self.retry_after_s = retry_after_s
+
+    # ------------------------------------------------------------------ create
+
+    def create(self, planned: Iterable[PlannedAction], now: datetime, *,
+               decision_id: int | None, observed: dict[str, SlurmJob]) -> list[int]:
+        """Record planned actions (one committed transaction, before any of them runs).
+
+        Returns:
+            The new actions' ids, in execution order.
+        """
+        ids: list[int] = []
+        with self.sessions() as s, s.begin():
+            db_ids = store.job_ids(s, [p.job_id for p in planned])
+            for p in planned:
+                jid = db_ids.get(p.job_id)
+                if jid is None:
+                    continue
+                sj = observed.get(p.job_id)
+                a = store.create_action(
+                    s, job_id=jid, kind=p.kind.value, state=FIRST_STEP[p.kind].value,
+                    to_gpus=p.to_gpus, now=now, from_gpus=p.from_gpus,
+                    from_nodes=sj.node_count if sj else None,
+                    to_nodes=p.to_shape.nodes if p.to_shape else None,
+                    decision_id=decision_id,
+                    restart_count_at_start=sj.restart_count if sj else 0,
+                    note=p.reason)
+                ids.append(a.id)
+        return ids
+
+    # ------------------------------------------------------------------ drive
+
+    def drive(self, now: datetime, observed: dict[str, SlurmJob],
+              refresh: Callable[[str], SlurmJob | None] | None = None) -> DriveReport:
+        """Advance every unfinished action as far as it can go now.
+
+        Args:
+            now: the daemon's clock.
+            observed: this cycle's poll, by Slurm job id (updated in place with
+                the expected effect of each successful call).
+            refresh: optional lookup of one job's current state for actions whose
+                job is missing from ``observed`` (e.g. a poll from before it was
+                submitted); None: missing means gone.
+
+        Returns:
+            A `DriveReport`.
+        """
+        report = DriveReport()
+        with self.sessions() as s:
+            rows = [(a.id, a.job_id) for a in store.unfinished_actions(s)]
+        for action_id, _ in rows:
+            if report.slurm_unavailable:
+                break
+            self._drive_one(action_id, now, observed, refresh, report)
+        return report
+
+    def _load(self, s: Session, action_id: int) -> tuple[Action, Job, ActionState]:
+        a = s.get(Action, action_id)
+        job = s.get(Job, a.job_id)
+        to_shape = None
+        if a.to_gpus > 0 and a.to_nodes:
+            to_shape = Shape(a.to_nodes, a.to_gpus // a.to_nodes)
+        state = ActionState(
+            job_id=job.slurm_job_id, kind=ActionKind(a.kind), step=Step(a.state),
+            to_gpus=a.to_gpus, to_shape=to_shape,
+            restart_count_at_start=a.restart_count_at_start,
+            signal=str(_spec_value(job, "signal", "USR1")),
+            signal_target=SignalTarget(_spec_value(job, "signal_target", "batch")),
+            grace_s=float(_spec_value(job, "grace_s", 120.0)),
+            signalled_at=a.signalled_at)
+        return a, job, state
+
+    @staticmethod
+    def _checkpointed_at(s: Session, job_db_id: int) -> datetime | None:
+        return s.scalar(select(func.max(JobEvent.time)).where(
+            JobEvent.job_id == job_db_id, JobEvent.kind == "checkpointed"))
+
+    def _drive_one(self, action_id: int, now: datetime, observed: dict[str, SlurmJob],
+                   refresh, report: DriveReport) -> None:
+        for _ in range(16):  # every kind has fewer steps than this
+            with self.sessions() as s, s.begin():
+                a, job, state = self._load(s, action_id)
+                jlog = job_logger(log, job.slurm_job_id)
+                if a.finished_at is not None:
+                    return
+                if a.next_attempt_at is not None and a.next_attempt_at > now:
+                    return
+                sj = observed.get(job.slurm_job_id)
+                if sj is None and refresh is not None:
+                    sj = refresh(job.slurm_job_id)
+                    if sj is not None:
+                        observed[job.slurm_job_id] = sj
+                t = advance(state, Observation(sj, self._checkpointed_at(s, job.id), now))
+                if t.wait:
+                    if a.note != t.note:
+                        store.update_action(s, a.id, now=now, note=t.note)
+                    return
+                if t.call is None:
+                    self._finish_step(s, a, state, t.next_step, t.note, now, report, jlog)
+                    continue
+                # Record the attempt before making the call.
+                store.update_action(s, a.id, now=now, add_attempt=True, note=t.note or None,
+                                    **({"signalled_at": now} if state.step == Step.SIGNAL else {}))
+            call = t.call
+            try:
+                getattr(self.slurm, call.method)(state.job_id, *call.args)
+            except SlurmUnavailable as exc:
+                report.slurm_unavailable = True
+                jlog.warning("%s: Slurm unavailable (%s); will retry", call.method, exc)
+                with self.sessions() as s, s.begin():
+                    store.update_action(s, action_id, now=now, last_error=str(exc))
+                return
+            except SlurmRejected as exc:
+                report.calls[call.method] = report.calls.get(call.method, 0) + 1
+                self._rejected(action_id, state, call, exc, now, observed, jlog)
+                return
+            report.calls[call.method] = report.calls.get(call.method, 0) + 1
+            jlog.info("%s%s: done (action %d, %s -> %s)", call.method,
+                      "" if not call.args else repr(call.args), action_id, state.step,
+                      t.next_step)
+            if sj is not None:
+                observed[state.job_id] = _expected_after(sj, call)
+            with self.sessions() as s, s.begin():
+                a = s.get(Action, action_id)
+                self._finish_step(s, a, state, t.next_step, t.note, now, report, jlog,
+                                  attempts=0)
+
+    def _finish_step(self, s: Session, a: Action, state: ActionState, step: Step, note: str,
+                     now: datetime, report: DriveReport, jlog, attempts: int | None = None,
+                     ) -> None:
+        kw = {} if attempts is None else {"attempts": attempts}
+        store.update_action(s, a.id, now=now, state=step.value, note=note or a.note,
+                            next_attempt_at=None, finished=step.terminal, **kw)
+        if step.terminal:
+            report.finished.append((state.job_id, step.value))
+            jlog.info("action %d (%s) %s: %s", a.id, a.kind, step.value, note or "")
+            if (step == Step.ABANDONED and state.step == Step.WAIT_CHECKPOINT
+                    and "grace" in (note or "")):
+                report.abandoned_no_checkpoint.append(state.job_id)
+                store.add_job_event(s, a.job_id, now, "no_checkpoint",
+                                    f"no checkpoint within {state.grace_s:.0f} s")
+
+    def _rejected(self, action_id: int, state: ActionState, call: Call, exc: SlurmRejected,
+                  now: datetime, observed: dict[str, SlurmJob], jlog) -> None:
+        msg = exc.slurm_message or str(exc)
+        jlog.warning("%s refused by Slurm: %s", call.method, msg)
+        with self.sessions() as s, s.begin():
+            a = s.get(Action, action_id)
+            if state.step == Step.SHRINK:
+                # 22.05 refuses e.g. a second shrink of the same job: checkpoint-requeue instead.
+                store.update_action(s, a.id, now=now, state=Step.FAILED.value, last_error=msg,
+                                    note="in-place shrink refused; falling back to requeue",
+                                    finished=True)
+                sj = observed.get(state.job_id)
+                store.create_action(
+                    s, job_id=a.job_id, kind=ActionKind.REQUEUE.value,
+                    state=Step.SIGNAL.value, to_gpus=a.to_gpus, now=now,
+                    from_gpus=a.from_gpus, from_nodes=a.from_nodes, to_nodes=a.to_nodes,
+                    decision_id=a.decision_id,
+                    restart_count_at_start=sj.restart_count if sj else a.restart_count_at_start,
+                    note="fallback after refused in-place shrink")
+                return
+            # A release is retried for as long as it takes: a job the daemon held is
+            # always released.
+            if a.attempts < self.max_attempts or state.step == Step.RELEASE:
+                delay = min(self.retry_after_s * 2 ** max(0, a.attempts - 1), 600.0)
+                store.update_action(s, a.id, now=now, last_error=msg,
+                                    next_attempt_at=now + timedelta(seconds=delay))
+                return
+            if state.kind == ActionKind.REQUEUE and state.step in _AFTER_REQUEUE:
+                # The job is requeued and held: never leave it so. Skip to the release
+                # (it restarts at whatever size Slurm has for it).
+                store.update_action(s, a.id, now=now, state=Step.RELEASE.value, attempts=0,
+                                    last_error=msg, next_attempt_at=None,
+                                    note=f"{state.step} refused; releasing at the old size")
+                return
+            store.update_action(s, a.id, now=now, state=Step.FAILED.value, last_error=msg,
+                                finished=True)

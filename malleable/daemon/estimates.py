@@ -1,0 +1,266 @@
+"""The daemon's estimator bookkeeping: per-job estimator state kept across cycles.
+
+The estimators are pure functions over arrays (`malleable.estimators`); this
+module feeds them from the state store. It keeps one `EstimatorState` row per
+active malleable job, folds in only the progress samples stored since the
+previous cycle (a watermark on ``progress_samples.id``), and on a daemon
+restart rebuilds each job's state from all its stored samples (the estimators
+give the same state either way; docs/estimators.md section 1).
+
+What finished jobs teach the new ones comes from here too: the fitted
+throughput parameters of finished malleable jobs of the same group (same model
+name in the spec, else same job name and user) become their prior
+(`prior_from_finished`), and their total work the history behind
+remaining-work estimates for jobs without a declared target (`WorkHistory`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from malleable.db.models import Estimate, Job, ProgressSample
+from malleable.estimators import (
+    EstimatorConfig,
+    EstimatorState,
+    JobSpecs,
+    ProgressBatch,
+    ThroughputParams,
+    WorkHistory,
+    candidate_grid,
+    cycle,
+    prior_from_finished,
+)
+from malleable.estimators.pipeline import Estimates
+from malleable.estimators.table import SpeedupTable
+
+ESTIMATOR_MODEL = "pollux"  # `Estimate.model`: the name of the throughput model the params belong to
+
+
+def group_key(job: Job) -> str:
+    """Which finished jobs are "like" this one: same model, else same name and user."""
+    spec = job.spec or {}
+    model = spec.get("model")
+    return f"model:{model}" if model else f"name:{job.user}/{job.name}"
+
+
+def _nan(v) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def job_specs(jobs: Sequence[Job], groups: dict[str, int], first_batch: dict[int, float],
+              ) -> JobSpecs:
+    """`JobSpecs` arrays for ``jobs`` from their stored specs.
+
+    Args:
+        jobs: active malleable jobs (their ``spec`` is the parsed spec dict).
+        groups: group key -> int (`group_key`); unknown keys get -1.
+        first_batch: ``jobs.id`` -> the batch size of the job's first sample, used
+            as m0 when the spec declares none.
+
+    Returns:
+        (J,) arrays; a job whose spec lacks a value gets NaN (the estimators flag
+        it and fall back to priors; they never raise on per-job values).
+    """
+    def col(key: str) -> np.ndarray:
+        return np.array([_nan((j.spec or {}).get(key)) for j in jobs], dtype=np.float64)
+
+    m0 = np.array([_nan((j.spec or {}).get("batch_size") or first_batch.get(j.id))
+                   for j in jobs], dtype=np.float64)
+    goal = [(j.spec or {}).get("metric_goal", "max") for j in jobs]
+    return JobSpecs(
+        min_gpus=np.array([int((j.spec or {}).get("min_gpus", 1)) for j in jobs], np.int64),
+        max_gpus=np.array([int((j.spec or {}).get("max_gpus", 1)) for j in jobs], np.int64),
+        step=np.array([int((j.spec or {}).get("step", 1)) for j in jobs], np.int64),
+        init_batch=m0,
+        max_batch=col("max_batch_size"),
+        max_local_batch=col("max_local_batch_size"),
+        target_samples=col("target_samples"),
+        target_epochs=col("target_epochs"),
+        samples_per_epoch=col("samples_per_epoch"),
+        target_steps=col("target_steps"),
+        target_metric=col("target_metric"),
+        metric_direction=np.array([-1 if g == "min" else 1 for g in goal], np.int64),
+        # The progress format's grad_var is normalised to m0 (adaptdl's convention).
+        grad_ref_batch=m0,
+        history_group=np.array([groups.get(group_key(j), -1) for j in jobs], np.int64),
+    )
+
+
+@dataclass
+class FinishedKnowledge:
+    """What finished malleable jobs left behind, by group (in memory; rebuilt from the store)."""
+
+    group: list[str] = field(default_factory=list)
+    u: list[list[float]] = field(default_factory=list)
+    log_sd: list[list[float]] = field(default_factory=list)
+    total_work: list[float] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+
+    def add(self, job_id: int, group: str, params: dict) -> None:
+        if job_id in self.seen:
+            return
+        u, sd, progress = params.get("u"), params.get("log_sd"), params.get("progress")
+        if not (isinstance(u, list) and len(u) == 7
+                and all(isinstance(x, float | int) for x in u)):
+            return
+        if not (isinstance(sd, list) and len(sd) == 7
+                and all(isinstance(x, float | int) for x in sd)):
+            sd = None
+        self.seen.add(job_id)
+        self.group.append(group)
+        self.u.append([float(x) for x in u])
+        self.log_sd.append([float(x) for x in sd] if sd is not None else [0.0] * 7)
+        self.total_work.append(float(progress) if isinstance(progress, float | int) else math.nan)
+
+
+class EstimatorBook:
+    """Estimator state of the active malleable jobs, updated from the store each cycle.
+
+    Args:
+        config: estimator settings (defaults: `EstimatorConfig()`).
+    """
+
+    def __init__(self, config: EstimatorConfig | None = None) -> None:
+        self.config = config or EstimatorConfig()
+        self.ids: list[int] = []                 # jobs.id of each row
+        self.state = EstimatorState.empty(0, self.config)
+        self.watermark = 0                       # largest progress_samples.id folded in
+        self.first_batch: dict[int, float] = {}
+        self.finished = FinishedKnowledge()
+        self._loaded_finished = False
+
+    # ------------------------------------------------------------------ rows
+
+    def _align(self, ids: list[int]) -> list[int]:
+        """Reorder/extend the state's rows to ``ids``; returns the ids that are new."""
+        pos = {jid: r for r, jid in enumerate(self.ids)}
+        keep = [pos[j] for j in ids if j in pos]
+        new = [j for j in ids if j not in pos]
+        kept = self.state.take(np.array(keep, dtype=np.int64))
+        parts = [kept] + ([EstimatorState.empty(len(new), self.config)] if new else [])
+        kept_ids = [j for j in ids if j in pos]
+        self.state = EstimatorState.concat(parts) if new else kept
+        order = kept_ids + new
+        if order != ids:  # put the rows in the caller's order
+            where = {jid: r for r, jid in enumerate(order)}
+            self.state = self.state.take(np.array([where[j] for j in ids], dtype=np.int64))
+        self.ids = list(ids)
+        return new
+
+    # ------------------------------------------------------------------ samples
+
+    def _samples(self, s: Session, ids: list[int], new: list[int]) -> ProgressBatch:
+        cols = (ProgressSample.id, ProgressSample.job_id, ProgressSample.time,
+                ProgressSample.step, ProgressSample.samples, ProgressSample.gpus,
+                ProgressSample.nodes, ProgressSample.batch_size, ProgressSample.metric,
+                ProgressSample.grad_sqr, ProgressSample.grad_var, ProgressSample.restart)
+        rows: list = []
+        top = int(s.scalar(select(func.max(ProgressSample.id))) or 0)
+        fresh = set(new)
+        old = [j for j in ids if j not in fresh]
+        # Jobs seen before: only the samples stored since the last cycle. New jobs
+        # (and every job after a restart): all their stored samples.
+        for chunk in _chunks(old, 500):
+            rows += s.execute(select(*cols).where(ProgressSample.job_id.in_(chunk),
+                                                  ProgressSample.id > self.watermark,
+                                                  ProgressSample.id <= top)).all()
+        for chunk in _chunks(new, 500):
+            rows += s.execute(select(*cols).where(ProgressSample.job_id.in_(chunk),
+                                                  ProgressSample.id <= top)).all()
+        self.watermark = max(self.watermark, top)
+        rows.sort(key=lambda r: (r.job_id, r.time, r.id))
+        row_of = {jid: r for r, jid in enumerate(ids)}
+        for r in rows:
+            self.first_batch.setdefault(r.job_id, float(r.batch_size))
+        n = len(rows)
+
+        def arr(get, dtype=np.float64):
+            return np.fromiter((get(r) for r in rows), dtype=dtype, count=n)
+
+        return ProgressBatch(
+            job=arr(lambda r: row_of[r.job_id], np.int64),
+            t=arr(lambda r: r.time.timestamp()),
+            step=arr(lambda r: r.step), samples=arr(lambda r: r.samples),
+            gpus=arr(lambda r: r.gpus), nodes=arr(lambda r: _nan(r.nodes)),
+            batch=arr(lambda r: r.batch_size), metric=arr(lambda r: _nan(r.metric)),
+            grad_sqr=arr(lambda r: _nan(r.grad_sqr)), grad_var=arr(lambda r: _nan(r.grad_var)),
+            restart=arr(lambda r: _nan(r.restart)))
+
+    # ------------------------------------------------------------------ finished jobs
+
+    def _learn_finished(self, s: Session) -> None:
+        """Fold in the last estimate of every finished malleable job not yet seen."""
+        last = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
+                .join(Job, Job.id == Estimate.job_id)
+                .where(Job.malleable.is_(True), Job.state == "COMPLETED",
+                       Estimate.model == ESTIMATOR_MODEL)
+                .group_by(Estimate.job_id).subquery())
+        q = (select(Job, Estimate.params).join(last, last.c.job_id == Job.id)
+             .join(Estimate, Estimate.id == last.c.id))
+        if self._loaded_finished and self.finished.seen:
+            q = q.where(Job.id.not_in(sorted(self.finished.seen)))
+        for job, params in s.execute(q):
+            self.finished.add(job.id, group_key(job), params or {})
+        self._loaded_finished = True
+
+    # ------------------------------------------------------------------ one cycle
+
+    def run(self, s: Session, jobs: Sequence[Job], gpus_per_node: int, total_gpus: int,
+            ) -> tuple[Estimates, SpeedupTable]:
+        """Fold new samples in and estimate every job; rows follow ``jobs``' order.
+
+        Args:
+            s: a session on the state store (read only here).
+            jobs: the active malleable jobs, in the order the policy will see them.
+            gpus_per_node: g.
+            total_gpus: GPUs malleable jobs may use (caps the candidate grid).
+
+        Returns:
+            (estimates, speedup table), both with ``len(jobs)`` rows.
+        """
+        ids = [j.id for j in jobs]
+        new = self._align(ids)
+        batch = self._samples(s, ids, new)
+        self._learn_finished(s)
+        fk = self.finished
+        groups = {g: i for i, g in enumerate(sorted(set(fk.group) | {group_key(j) for j in jobs}))}
+        specs = job_specs(jobs, groups, self.first_batch)
+        prior = None
+        history = None
+        if fk.group:
+            hg = np.array([groups[g] for g in fk.group], np.int64)
+            prior = prior_from_finished(ThroughputParams.from_u(np.array(fk.u)), hg,
+                                        specs.history_group, log_sd=np.array(fk.log_sd))
+            history = WorkHistory(np.array(fk.total_work), hg)
+        k = candidate_grid(specs.max_gpus, gpus_per_node, max(total_gpus, 1))
+        self.state, est, table = cycle(self.state, batch, specs, k, gpus_per_node, prior=prior,
+                                       history=history, config=self.config)
+        return est, table
+
+
+def _json_float(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def estimate_params(est: Estimates, row: int) -> dict:
+    """The JSON stored in `Estimate.params` for one job (what a prior needs later).
+
+    Non-finite values are stored as null (JSON has no NaN)."""
+    return {"u": [_json_float(x) for x in est.u[row]],
+            "log_sd": [_json_float(x) for x in est.log_sd[row]],
+            "p": _json_float(est.power_p[row]),
+            "phi": _json_float(est.phi[row]),
+            "progress": _json_float(est.progress[row]),
+            "m0": _json_float(est.m0[row])}
+
+
+def _chunks(seq: list, n: int):
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]

@@ -1,0 +1,74 @@
+"""What the daemon must remember about jobs, derived from its own records.
+
+Two facts cannot be observed in Slurm and are derived from the state store
+instead of being kept as separate state:
+
+* which held jobs the daemon holds (its own HOLD, or a checkpoint-requeue to
+  0 GPUs, finished and not followed by an ADMIT): only those may it release;
+* which jobs are backed off from requeues: each time a job fails to
+  checkpoint within its grace the daemon records a ``no_checkpoint`` job
+  event; the n-th such failure blocks requeues for ``base * 2**(n-1)``
+  seconds after it (exponential back-off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from malleable.daemon.actions import Step
+from malleable.daemon.reconcile import ActionKind
+from malleable.db.models import Action, JobEvent
+
+
+def daemon_holds(s: Session, job_ids: Iterable[int]) -> set[int]:
+    """Ids (``jobs.id``) among ``job_ids`` whose current hold is the daemon's.
+
+    A job counts when its latest finished action that changed its hold state is
+    a HOLD or a REQUEUE to 0 GPUs that reached DONE.
+    """
+    ids = list(job_ids)
+    if not ids:
+        return set()
+    held: set[int] = set()
+    rows = s.execute(
+        select(Action.job_id, Action.kind, Action.to_gpus, Action.state)
+        .where(Action.job_id.in_(ids), Action.finished_at.is_not(None),
+               Action.state == Step.DONE.value)
+        .order_by(Action.job_id, Action.id))
+    for job_id, kind, to_gpus, _ in rows:
+        if kind == ActionKind.HOLD.value or (kind == ActionKind.REQUEUE.value and to_gpus == 0):
+            held.add(job_id)
+        elif kind in (ActionKind.ADMIT.value, ActionKind.REQUEUE.value):
+            held.discard(job_id)
+    return held
+
+
+def requeue_backoff(s: Session, job_ids: Iterable[int], now: datetime, base_s: float,
+                    ) -> dict[int, datetime]:
+    """Jobs backed off from requeues now, with the time the back-off ends.
+
+    Args:
+        job_ids: candidate ``jobs.id`` values.
+        now: the daemon's clock.
+        base_s: the first back-off, seconds (``DaemonConfig.requeue_backoff_s``).
+
+    Returns:
+        ``{jobs.id: until}`` for jobs whose back-off has not ended at ``now``.
+    """
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    out: dict[int, datetime] = {}
+    rows = s.execute(
+        select(JobEvent.job_id, func.count(), func.max(JobEvent.time))
+        .where(JobEvent.job_id.in_(ids), JobEvent.kind == "no_checkpoint")
+        .group_by(JobEvent.job_id))
+    for job_id, n, last in rows:
+        until = last + timedelta(seconds=base_s * 2 ** (int(n) - 1))
+        if until > now:
+            out[job_id] = until
+    return out

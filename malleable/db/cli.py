@@ -1,0 +1,116 @@
+"""``malleable db``: create, upgrade, inspect and downgrade the state store's schema.
+
+Commands::
+
+    malleable db upgrade [--to REV]   create or upgrade the schema (default: newest)
+    malleable db current              print the schema revision and whether it is current
+    malleable db downgrade REV        downgrade to REV ("base" drops every table)
+
+Each takes ``--config PATH`` (the TOML file) and ``--database-url URL``
+(overrides ``[database] url``). A database that cannot be used (not SQLite,
+read-only, disk full, unreachable), a bad configuration or a schema from a
+newer malleable prints one line ``malleable db CMD: error: WHERE: CAUSE`` on
+stderr and exits with 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+from sqlalchemy import Engine
+
+from malleable.config import ConfigError, load_config
+from malleable.db import schema
+from malleable.db.engine import describe_url, engine_from_config
+from malleable.db.errors import StoreError
+
+
+def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--database-url", "database_url", metavar="URL", default=None,
+                      help="SQLAlchemy URL of the database (overrides [database] url).")(fn)
+    fn = click.option("--config", "config_path", metavar="PATH", default=None,
+                      type=click.Path(dir_okay=False),
+                      help="configuration file (default $MALLEABLE_CONFIG or "
+                           "/etc/malleable/malleable.toml).")(fn)
+    return fn
+
+
+def _fail(ctx: click.Context, message: str) -> None:
+    click.echo(f"malleable db {ctx.info_name}: error: {message}", err=True)
+    ctx.exit(2)
+
+
+def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Open the database from the options, pass the engine on, turn store errors into exit 2."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(config_path: str | None, database_url: str | None, **kw: Any) -> None:
+            ctx = click.get_current_context()
+            engine: Engine | None = None
+            try:
+                config = load_config(config_path)
+                engine = engine_from_config(config, url=database_url, create=create)
+                fn(engine, **kw)
+            except (StoreError, ConfigError) as exc:
+                _fail(ctx, str(exc))
+            finally:
+                if engine is not None:
+                    engine.dispose()
+
+        return wrapper
+
+    return deco
+
+
+@click.group()
+def db() -> None:
+    """Create, upgrade and inspect the state store's schema."""
+
+
+@db.command()
+@_options
+@click.option("--to", "to", default="head", show_default=True, metavar="REV",
+              help="revision to upgrade to.")
+@_with_engine(create=True)
+def upgrade(engine: Engine, to: str) -> None:
+    """Create the schema in an empty database or upgrade it (creates a missing SQLite file)."""
+    before, after = schema.upgrade(engine, to)
+    where = describe_url(engine.url)
+    if before == after:
+        click.echo(f"{where}: schema already at revision {after}")
+    else:
+        click.echo(f"{where}: schema upgraded from {before or 'empty'} to {after}")
+
+
+@db.command()
+@_options
+@_with_engine(create=False)
+def current(engine: Engine) -> None:
+    """Print the database's schema revision and this malleable's newest one."""
+    st = schema.schema_status(engine)
+    if st.current is None:
+        state = ("empty: run `malleable db upgrade`" if st.empty
+                 else "no malleable schema version (not a malleable database?)")
+        click.echo(f"{st.where}: {state} (head {st.head})")
+    elif st.up_to_date:
+        click.echo(f"{st.where}: {st.current} (head)")
+    elif not st.known:
+        schema.check_schema(engine)  # raises SchemaTooNew naming the revision found
+    else:
+        click.echo(f"{st.where}: {st.current} (older than head {st.head}: "
+                   f"run `malleable db upgrade`)")
+
+
+@db.command()
+@_options
+@click.argument("rev")
+@_with_engine(create=False)
+def downgrade(engine: Engine, rev: str) -> None:
+    """Downgrade the schema to REV ("base": drop every table). Destroys data of newer tables."""
+    before, after = schema.downgrade(engine, rev)
+    where = describe_url(engine.url)
+    click.echo(f"{where}: schema downgraded from {before or 'empty'} to {after or 'base'}")

@@ -1,0 +1,162 @@
+"""The single-daemon lease: at most one daemon works on a database at a time.
+
+The lease is the one row of table ``lease`` (created by the first migration):
+``holder`` ("host:pid" of the daemon, None when free), ``acquired_at`` and
+``heartbeat_at``. A daemon acquires it at start, renews it (heartbeat) well
+within ``[daemon] lease_timeout_s``, and releases it when it stops. A lease
+whose heartbeat is older than the timeout belongs to a daemon that died (or
+hangs) and may be taken over.
+
+Atomicity: acquiring is ONE conditional ``UPDATE ... WHERE holder IS NULL OR
+holder = me OR heartbeat_at < now - timeout``, so two daemons racing for a
+free or stale lease cannot both win: on SQLite the statement runs under the
+database's single write lock (``BEGIN IMMEDIATE``), on PostgreSQL the row lock
+makes the second UPDATE re-check its condition against the first one's
+committed row (READ COMMITTED), see that the lease is fresh, and change
+nothing. Heartbeat and release update the row only ``WHERE holder = me``, so
+a daemon whose lease was taken over learns it (`LeaseLost`) instead of
+silently stealing it back.
+
+Times come from the caller's clock (``now``; default the wall clock in UTC).
+Daemons on different hosts sharing a PostgreSQL database must keep their
+clocks in sync (NTP) well within the timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Connection, Engine, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from malleable.db.engine import readonly_engine
+from malleable.db.errors import LeaseHeld, LeaseLost
+from malleable.db.models import Lease
+
+LEASE_ID = 1
+
+
+def default_holder() -> str:
+    """This process's lease identity: "host:pid"."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """The lease row as read: holder ("host:pid" or None), acquired_at, heartbeat_at (UTC)."""
+
+    holder: str | None
+    acquired_at: datetime | None
+    heartbeat_at: datetime | None
+
+    def is_stale(self, now: datetime, timeout_s: float) -> bool:
+        """True when free, or when the heartbeat is older than ``timeout_s`` seconds at ``now``."""
+        return (self.holder is None or self.heartbeat_at is None
+                or self.heartbeat_at < now - timedelta(seconds=timeout_s))
+
+
+def _now(now: datetime | None) -> datetime:
+    return now if now is not None else datetime.now(UTC)
+
+
+def _ensure_row(conn: Connection) -> None:
+    """Insert the lease row if missing (the first migration does; someone may have deleted it)."""
+    dialect = conn.dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        ins = sqlite_insert if dialect == "sqlite" else pg_insert
+        conn.execute(ins(Lease).values(id=LEASE_ID, holder=None)
+                     .on_conflict_do_nothing(index_elements=["id"]))
+    elif conn.execute(select(Lease.id).where(Lease.id == LEASE_ID)).first() is None:
+        conn.execute(Lease.__table__.insert().values(id=LEASE_ID, holder=None))
+
+
+def read_lease(engine: Engine) -> LeaseInfo:
+    """The lease as it is now (holder None: free).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be read.
+    """
+    with readonly_engine(engine).connect() as conn:
+        row = conn.execute(select(Lease.holder, Lease.acquired_at, Lease.heartbeat_at)
+                           .where(Lease.id == LEASE_ID)).first()
+        conn.rollback()
+    if row is None:
+        return LeaseInfo(None, None, None)
+    return LeaseInfo(row.holder, row.acquired_at, row.heartbeat_at)
+
+
+def acquire_lease(engine: Engine, holder: str, *, timeout_s: float,
+                  now: datetime | None = None) -> LeaseInfo:
+    """Take the lease for ``holder``, if it is free, already ours, or stale.
+
+    Args:
+        engine: the state store.
+        holder: this daemon's identity, "host:pid" (`default_holder`).
+        timeout_s: ``[daemon] lease_timeout_s``: a heartbeat older than this, in
+            seconds, makes the lease stale (free to take over).
+        now: the caller's clock (aware UTC datetime); default the wall clock.
+
+    Returns:
+        The lease as now held by ``holder``.
+
+    Raises:
+        LeaseHeld: another holder's heartbeat is fresh; the message names the
+            holder and its last heartbeat (and how long ago that was).
+        DatabaseUnavailable: the database cannot be written.
+    """
+    now = _now(now)
+    cutoff = now - timedelta(seconds=timeout_s)
+    with engine.begin() as conn:
+        _ensure_row(conn)
+        won = conn.execute(
+            update(Lease)
+            .where(Lease.id == LEASE_ID,
+                   or_(Lease.holder.is_(None), Lease.holder == holder,
+                       Lease.heartbeat_at.is_(None), Lease.heartbeat_at < cutoff))
+            .values(holder=holder, acquired_at=now, heartbeat_at=now)
+        ).rowcount
+        row = conn.execute(select(Lease.holder, Lease.acquired_at, Lease.heartbeat_at)
+                           .where(Lease.id == LEASE_ID)).one()
+    if won == 1:
+        return LeaseInfo(row.holder, row.acquired_at, row.heartbeat_at)
+    age = (now - row.heartbeat_at).total_seconds()
+    raise LeaseHeld(
+        f"another malleable daemon holds the lease: {row.holder}, last heartbeat "
+        f"{row.heartbeat_at.isoformat(timespec='seconds')} ({age:.0f} s ago; it may be taken "
+        f"over after {timeout_s:.0f} s without one)",
+        holder=row.holder, heartbeat_at=row.heartbeat_at, acquired_at=row.acquired_at)
+
+
+def heartbeat_lease(engine: Engine, holder: str, *, now: datetime | None = None) -> None:
+    """Renew ``holder``'s lease (set its heartbeat to ``now``).
+
+    Raises:
+        LeaseLost: ``holder`` no longer holds the lease (taken over or released);
+            the daemon must stop acting.
+        DatabaseUnavailable: the database cannot be written.
+    """
+    now = _now(now)
+    with engine.begin() as conn:
+        n = conn.execute(update(Lease).where(Lease.id == LEASE_ID, Lease.holder == holder)
+                         .values(heartbeat_at=now)).rowcount
+        if n != 1:
+            row = conn.execute(select(Lease.holder).where(Lease.id == LEASE_ID)).first()
+    if n != 1:
+        other = row.holder if row is not None and row.holder else "nobody"
+        raise LeaseLost(f"lease of {holder} lost: it is now held by {other}")
+
+
+def release_lease(engine: Engine, holder: str) -> bool:
+    """Give up ``holder``'s lease. Returns False if ``holder`` did not hold it (nothing changed).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be written.
+    """
+    with engine.begin() as conn:
+        n = conn.execute(update(Lease).where(Lease.id == LEASE_ID, Lease.holder == holder)
+                         .values(holder=None, heartbeat_at=None, acquired_at=None)).rowcount
+    return n == 1

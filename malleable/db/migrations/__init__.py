@@ -1,0 +1,1 @@
+"""Alembic migrations of the state store (run through `malleable.db.schema`, no alembic.ini)."""

@@ -1,0 +1,528 @@
+"""The repository the daemon calls: small typed functions over a `Session`.
+
+No function here commits: the caller owns the transaction, so one cycle's
+changes land together or not at all::
+
+    Session = session_factory(engine)
+    with Session() as s, s.begin():
+        upsert_jobs(s, slurm.jobs(), now)
+
+Keep write transactions short (no Slurm call inside one): on SQLite a
+read-write session holds the database's write lock from its first statement
+to its commit. Jobs are referred to by ``jobs.id`` (an int, see `job_ids`);
+times are timezone-aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Row, func, insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from malleable.db.models import (
+    FINISHED_STATES,
+    Action,
+    Decision,
+    Estimate,
+    Job,
+    JobEvent,
+    ProgressFile,
+    ProgressSample,
+    Setting,
+    Target,
+)
+from malleable.slurm.records import JobState, SlurmJob
+
+# Bound parameters per IN (...) list; SQLite allows 32766, PostgreSQL 65535.
+_CHUNK = 500
+
+PAUSED_KEY = "paused"
+POLICY_NAME_KEY = "policy.name"
+POLICY_PARAMS_KEY = "policy.params"
+
+SpecParser = Callable[[str], Mapping[str, Any] | None]
+"""Parses a job's comment: the spec as a mapping, None for no spec (rigid job);
+raises ValueError naming the field and value for a bad spec."""
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+"""Default of optional arguments of `update_action`: leave the column as it is."""
+
+
+def _chunks(seq: Sequence, n: int = _CHUNK) -> Iterable[Sequence]:
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
+
+
+# ---------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    """What `upsert_jobs` did: jobs added, jobs changed, events written, Slurm id -> jobs.id."""
+
+    new: int
+    changed: int
+    events: int
+    ids: dict[str, int]
+
+
+def _parse(comment: str, parse_spec: SpecParser) -> tuple[dict | None, str | None]:
+    try:
+        spec = parse_spec(comment)
+    except ValueError as exc:
+        return None, str(exc) or type(exc).__name__
+    return (dict(spec) if spec is not None else None), None
+
+
+def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
+                parse_spec: SpecParser | None = None) -> UpsertResult:
+    """Insert or update one row per Slurm job, writing a job event for every change.
+
+    Events (`JobEvent.kind`): "new" on first sight; "state" when the state
+    changes; "size" when GPUs or nodes change; "restart" when Slurm's restart
+    count grows (a requeue).
+
+    Args:
+        session: an open read-write session (the caller commits).
+        jobs: what Slurm reports now (`SlurmJob`, one poll).
+        now: the poll's time (aware UTC); becomes ``last_seen`` (and ``first_seen``
+            for new jobs) and the events' time.
+        parse_spec: called with the job's comment when it is new or changed;
+            returns the malleable spec (job becomes malleable), None (rigid), or
+            raises ValueError (stored in ``spec_error``; the job is treated as
+            rigid; the other jobs are unaffected). None: leave ``spec`` and
+            ``malleable`` as they are (new jobs rigid).
+
+    Returns:
+        An `UpsertResult` with counts and the ``jobs.id`` of every job given.
+    """
+    incoming = {j.job_id: j for j in jobs}
+    existing: dict[str, Job] = {}
+    for part in _chunks(list(incoming)):
+        for row in session.scalars(select(Job).where(Job.slurm_job_id.in_(part))):
+            existing[row.slurm_job_id] = row
+    new = changed = 0
+    events: list[JobEvent] = []
+    for sid, sj in incoming.items():
+        job = existing.get(sid)
+        state = sj.state.value
+        if job is None:
+            job = Job(slurm_job_id=sid, first_seen=now, state=state, gpus=sj.gpus,
+                      nodes=sj.node_count, restart_count=sj.restart_count, malleable=False,
+                      arrival_time=sj.submit_time or now, attained_gpu_s=0.0)
+            session.add(job)
+            existing[sid] = job
+            events.append(JobEvent(job=job, time=now, kind="new", new_state=state,
+                                   new_gpus=sj.gpus, new_nodes=sj.node_count))
+            new += 1
+        else:
+            before = len(events)
+            if job.state == JobState.RUNNING.value and job.last_seen is not None:
+                # Attained service: the GPUs it held since the last poll, while running.
+                dt = (now - job.last_seen).total_seconds()
+                job.attained_gpu_s = (job.attained_gpu_s or 0.0) + max(0.0, dt) * job.gpus
+            if job.state != state:
+                events.append(JobEvent(job=job, time=now, kind="state", old_state=job.state,
+                                       new_state=state))
+            if job.gpus != sj.gpus or job.nodes != sj.node_count:
+                events.append(JobEvent(job=job, time=now, kind="size", old_gpus=job.gpus,
+                                       new_gpus=sj.gpus, old_nodes=job.nodes,
+                                       new_nodes=sj.node_count))
+            if sj.restart_count > job.restart_count:
+                events.append(JobEvent(job=job, time=now, kind="restart",
+                                       detail=str(sj.restart_count)))
+            changed += len(events) > before
+        comment = sj.comment or None
+        if parse_spec is not None and (job.id is None or comment != job.spec_text):
+            spec, error = _parse(sj.comment, parse_spec) if comment else (None, None)
+            job.spec, job.spec_error, job.malleable = spec, error, spec is not None
+        job.spec_text = comment
+        job.name, job.user, job.uid = sj.name, sj.user, sj.uid
+        job.account, job.partition = sj.account, sj.partition
+        job.state, job.reason, job.held = state, sj.reason, sj.held
+        job.gpus, job.nodes, job.gpus_per_node = sj.gpus, sj.node_count, sj.gpus_per_node
+        job.submit_time, job.start_time, job.end_time = sj.submit_time, sj.start_time, sj.end_time
+        job.restart_count = sj.restart_count
+        job.last_seen = now
+    session.flush()
+    session.add_all(events)
+    session.flush()
+    return UpsertResult(new, changed, len(events), {sid: existing[sid].id for sid in incoming})
+
+
+def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:
+    """Slurm job id -> ``jobs.id`` for the ids known to the store (unknown ids are left out)."""
+    ids = list(dict.fromkeys(slurm_job_ids))
+    out: dict[str, int] = {}
+    for part in _chunks(ids):
+        out.update((sid, jid) for sid, jid in session.execute(
+            select(Job.slurm_job_id, Job.id).where(Job.slurm_job_id.in_(part))))
+    return out
+
+
+def get_job(session: Session, slurm_job_id: str) -> Job | None:
+    """The job with this Slurm id, or None."""
+    return session.scalars(select(Job).where(Job.slurm_job_id == slurm_job_id)).first()
+
+
+def jobs_in_states(session: Session, states: Iterable[str], *,
+                   malleable: bool | None = None) -> list[Job]:
+    """Jobs whose ``state`` is one of ``states`` (e.g. {"PENDING", "RUNNING"}), by ``jobs.id``.
+
+    Args:
+        malleable: only malleable (True) or only rigid (False) jobs; None: both.
+    """
+    q = select(Job).where(Job.state.in_(sorted(set(states))))
+    if malleable is not None:
+        q = q.where(Job.malleable.is_(malleable))
+    return list(session.scalars(q.order_by(Job.id)))
+
+
+def active_jobs(session: Session, *, malleable: bool | None = None) -> list[Job]:
+    """Jobs not in a finished state (PENDING, RUNNING, ...), by ``jobs.id``."""
+    q = select(Job).where(Job.state.not_in(sorted(FINISHED_STATES)))
+    if malleable is not None:
+        q = q.where(Job.malleable.is_(malleable))
+    return list(session.scalars(q.order_by(Job.id)))
+
+
+def add_job_event(session: Session, job_id: int, time: datetime, kind: str,
+                  detail: str | None = None) -> JobEvent:
+    """Record a job-reported event (e.g. kind "checkpointed" from its progress file)."""
+    ev = JobEvent(job_id=job_id, time=time, kind=kind, detail=detail)
+    session.add(ev)
+    return ev
+
+
+def job_events(session: Session, job_id: int, *, kind: str | None = None) -> list[JobEvent]:
+    """A job's events, oldest first (optionally of one kind)."""
+    q = select(JobEvent).where(JobEvent.job_id == job_id)
+    if kind is not None:
+        q = q.where(JobEvent.kind == kind)
+    return list(session.scalars(q.order_by(JobEvent.time, JobEvent.id)))
+
+
+# ---------------------------------------------------------------- progress
+
+
+@dataclass(frozen=True, slots=True)
+class SampleIn:
+    """One progress sample to store (see `ProgressSample` for the fields' meaning)."""
+
+    job_id: int
+    time: datetime
+    step: int
+    samples: int
+    gpus: int
+    batch_size: int
+    nodes: int | None = None
+    metric: float | None = None
+    grad_sqr: float | None = None
+    grad_var: float | None = None
+    restart: int | None = None
+
+
+_SAMPLE_FIELDS = tuple(f.name for f in fields(SampleIn))
+
+
+def add_progress_samples(session: Session, samples: Iterable[SampleIn | Mapping[str, Any]]
+                         ) -> int:
+    """Append progress samples in bulk (one executemany). Returns the number stored.
+
+    Raises:
+        ValueError: a naive time.
+        sqlalchemy.exc.IntegrityError: a ``job_id`` that is not in ``jobs``.
+    """
+    rows = [{f: getattr(s, f) for f in _SAMPLE_FIELDS} if isinstance(s, SampleIn) else dict(s)
+            for s in samples]
+    if rows:
+        # Core executemany: no ORM identity bookkeeping for rows nobody reads back.
+        session.execute(insert(ProgressSample.__table__), rows)
+    return len(rows)
+
+
+SAMPLE_COLUMNS = ("id", "job_id", "time", "step", "samples", "gpus", "nodes", "batch_size",
+                  "metric", "grad_sqr", "grad_var", "restart")
+
+
+def latest_samples(session: Session, job_ids: Iterable[int], n: int) -> dict[int, list[Row]]:
+    """The latest ``n`` progress samples of each job, oldest first.
+
+    Args:
+        job_ids: ``jobs.id`` values.
+        n: samples per job (>= 1).
+
+    Returns:
+        ``jobs.id`` -> list of rows with attributes ``SAMPLE_COLUMNS`` (time
+        ascending); a job without samples maps to an empty list.
+
+    Raises:
+        ValueError: ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"n = {n}: expected at least 1 sample per job")
+    ids = list(dict.fromkeys(job_ids))
+    out: dict[int, list[Row]] = {j: [] for j in ids}
+    cols = [getattr(ProgressSample, c) for c in SAMPLE_COLUMNS]
+    for part in _chunks(ids):
+        rn = func.row_number().over(partition_by=ProgressSample.job_id,
+                                    order_by=(ProgressSample.time.desc(),
+                                              ProgressSample.id.desc())).label("rn")
+        inner = select(*cols, rn).where(ProgressSample.job_id.in_(part)).subquery()
+        q = (select(*[inner.c[c] for c in SAMPLE_COLUMNS]).where(inner.c.rn <= n)
+             .order_by(inner.c.job_id, inner.c.time, inner.c.id))
+        for row in session.execute(q):
+            out[row.job_id].append(row)
+    return out
+
+
+def count_samples(session: Session, job_id: int | None = None) -> int:
+    """Progress samples stored (of one job, or in all)."""
+    q = select(func.count()).select_from(ProgressSample)
+    if job_id is not None:
+        q = q.where(ProgressSample.job_id == job_id)
+    return int(session.scalar(q) or 0)
+
+
+def get_progress_file(session: Session, job_id: int) -> ProgressFile | None:
+    """How far a job's progress file has been read (None: never)."""
+    return session.scalars(select(ProgressFile).where(ProgressFile.job_id == job_id)).first()
+
+
+def save_progress_file(session: Session, *, job_id: int, path: str, device: int | None,
+                       inode: int | None, offset: int, size: int, now: datetime,
+                       accepted: int = 0, rejected: Mapping[str, int] | None = None
+                       ) -> ProgressFile:
+    """Record a read of a job's progress file: where the next read starts and what was rejected.
+
+    Args:
+        offset: bytes consumed (the next read starts here); size: the file's size seen.
+        device, inode: ``os.stat`` of the file read (a different pair means a new file).
+        accepted: lines stored by this read (added to ``lines_accepted``).
+        rejected: rejected lines of this read by reason (added to ``rejected``).
+
+    Raises:
+        ValueError: a negative offset or size.
+    """
+    if offset < 0 or size < 0:
+        raise ValueError(f"progress file {path}: offset = {offset}, size = {size}: "
+                         "expected values >= 0")
+    pf = get_progress_file(session, job_id)
+    if pf is None:
+        pf = ProgressFile(job_id=job_id, path=path, rejected={}, lines_accepted=0)
+        session.add(pf)
+    pf.path, pf.device, pf.inode, pf.offset, pf.size = path, device, inode, offset, size
+    pf.last_read_at = now
+    pf.lines_accepted = (pf.lines_accepted or 0) + accepted
+    if rejected:
+        merged = dict(pf.rejected or {})
+        for reason, count in rejected.items():
+            merged[reason] = int(merged.get(reason, 0)) + int(count)
+        pf.rejected = merged
+    session.flush()
+    return pf
+
+
+# ---------------------------------------------------------------- estimates and decisions
+
+
+def record_estimate(session: Session, *, job_id: int, time: datetime, model: str,
+                    params: Mapping[str, Any], remaining_work: float | None,
+                    remaining_work_sd: float | None,
+                    flags: Mapping[str, Any] | None = None) -> Estimate:
+    """Store an estimator's output for one job (see `Estimate`)."""
+    est = Estimate(job_id=job_id, time=time, model=model, params=dict(params),
+                   remaining_work=remaining_work, remaining_work_sd=remaining_work_sd,
+                   flags=dict(flags) if flags is not None else None)
+    session.add(est)
+    session.flush()
+    return est
+
+
+def latest_estimates(session: Session, job_ids: Iterable[int]) -> dict[int, Estimate]:
+    """The newest estimate of each job that has one (``jobs.id`` -> `Estimate`)."""
+    ids = list(dict.fromkeys(job_ids))
+    out: dict[int, Estimate] = {}
+    for part in _chunks(ids):
+        newest = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
+                  .where(Estimate.job_id.in_(part)).group_by(Estimate.job_id).subquery())
+        for est in session.scalars(select(Estimate).join(newest, Estimate.id == newest.c.id)):
+            out[est.job_id] = est
+    return out
+
+
+@dataclass(frozen=True)
+class TargetIn:
+    """A policy's target for one job: GPUs (0 = not running), batch size, reason."""
+
+    job_id: int
+    gpus: int
+    batch_size: int | None = None
+    reason: str = ""
+
+
+def record_decision(session: Session, *, time: datetime, policy: str,
+                    params: Mapping[str, Any], inputs_digest: str, objective: float | None,
+                    duration_s: float, dry_run: bool, targets: Iterable[TargetIn]) -> Decision:
+    """Store one policy run and its targets (one row per job). Returns the Decision (with id).
+
+    Raises:
+        ValueError: a negative duration or GPU count.
+        sqlalchemy.exc.IntegrityError: two targets for one job, or an unknown job.
+    """
+    if duration_s < 0:
+        raise ValueError(f"duration_s = {duration_s}: expected a value >= 0")
+    d = Decision(time=time, policy=policy, params=dict(params), inputs_digest=inputs_digest,
+                 objective=objective, duration_s=duration_s, dry_run=dry_run)
+    for t in targets:
+        if t.gpus < 0:
+            raise ValueError(f"target for job {t.job_id}: gpus = {t.gpus}: expected >= 0")
+        d.targets.append(Target(job_id=t.job_id, gpus=t.gpus, batch_size=t.batch_size,
+                                reason=t.reason))
+    session.add(d)
+    session.flush()
+    return d
+
+
+def latest_decision(session: Session) -> Decision | None:
+    """The newest decision (its ``targets`` load on access), or None."""
+    return session.scalars(select(Decision).order_by(Decision.id.desc()).limit(1)).first()
+
+
+# ---------------------------------------------------------------- actions
+
+
+def create_action(session: Session, *, job_id: int, kind: str, state: str, to_gpus: int,
+                  now: datetime, from_gpus: int | None = None, from_nodes: int | None = None,
+                  to_nodes: int | None = None, decision_id: int | None = None,
+                  next_attempt_at: datetime | None = None, restart_count_at_start: int = 0,
+                  note: str | None = None) -> Action:
+    """Record a new action (before it runs). Returns it with its id.
+
+    Raises:
+        ValueError: a negative size.
+    """
+    for name, v in (("to_gpus", to_gpus), ("from_gpus", from_gpus), ("to_nodes", to_nodes),
+                    ("from_nodes", from_nodes)):
+        if v is not None and v < 0:
+            raise ValueError(f"action {kind} for job {job_id}: {name} = {v}: expected >= 0")
+    a = Action(job_id=job_id, kind=kind, state=state, from_gpus=from_gpus, to_gpus=to_gpus,
+               from_nodes=from_nodes, to_nodes=to_nodes, decision_id=decision_id, attempts=0,
+               created_at=now, updated_at=now, next_attempt_at=next_attempt_at,
+               restart_count_at_start=restart_count_at_start, note=note)
+    session.add(a)
+    session.flush()
+    return a
+
+
+def update_action(session: Session, action_id: int, *, now: datetime, state: str = UNSET,
+                  attempts: int = UNSET, add_attempt: bool = False, last_error: str | None = UNSET,
+                  next_attempt_at: datetime | None = UNSET, note: str | None = UNSET,
+                  signalled_at: datetime | None = UNSET, finished: bool = False) -> Action:
+    """Change an action; arguments left UNSET keep their value; ``updated_at`` becomes ``now``.
+
+    Args:
+        add_attempt: add one to ``attempts`` (after ``attempts`` if both given).
+        finished: the state machine reached a terminal step: set ``finished_at``.
+
+    Raises:
+        LookupError: no action with this id.
+    """
+    a = session.get(Action, action_id)
+    if a is None:
+        raise LookupError(f"action {action_id}: no such action")
+    if state is not UNSET:
+        a.state = state
+    if attempts is not UNSET:
+        a.attempts = attempts
+    if add_attempt:
+        a.attempts = (a.attempts or 0) + 1
+    if last_error is not UNSET:
+        a.last_error = last_error
+    if next_attempt_at is not UNSET:
+        a.next_attempt_at = next_attempt_at
+    if note is not UNSET:
+        a.note = note
+    if signalled_at is not UNSET:
+        a.signalled_at = signalled_at
+    if finished and a.finished_at is None:
+        a.finished_at = now
+    a.updated_at = now
+    session.flush()
+    return a
+
+
+def unfinished_actions(session: Session, *, job_id: int | None = None) -> list[Action]:
+    """Actions whose state machine has not finished (``finished_at`` is NULL), oldest first."""
+    q = select(Action).where(Action.finished_at.is_(None))
+    if job_id is not None:
+        q = q.where(Action.job_id == job_id)
+    return list(session.scalars(q.order_by(Action.id)))
+
+
+# ---------------------------------------------------------------- settings
+
+
+def get_setting(session: Session, key: str, default: Any = None) -> Any:
+    """The value (any JSON value) of setting ``key``, or ``default`` when unset."""
+    row = session.execute(select(Setting.value).where(Setting.key == key)).first()
+    return default if row is None else row[0]
+
+
+def set_setting(session: Session, key: str, value: Any, now: datetime | None = None) -> None:
+    """Set ``key`` to a JSON-serialisable ``value`` (insert or update in one statement)."""
+    now = now or datetime.now(UTC)
+    dialect = session.get_bind().dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        ins = (sqlite_insert if dialect == "sqlite" else pg_insert)(Setting)
+        stmt = ins.values(key=key, value=value, updated_at=now).on_conflict_do_update(
+            index_elements=["key"], set_={"value": ins.excluded.value,
+                                          "updated_at": ins.excluded.updated_at})
+        session.execute(stmt)
+        session.expire_all()
+        return
+    row = session.get(Setting, key)
+    if row is None:
+        session.add(Setting(key=key, value=value, updated_at=now))
+    else:
+        row.value, row.updated_at = value, now
+    session.flush()
+
+
+def is_paused(session: Session) -> bool:
+    """True when an operator paused the daemon (it plans nothing and changes nothing)."""
+    return bool(get_setting(session, PAUSED_KEY, False))
+
+
+def set_paused(session: Session, paused: bool, now: datetime | None = None) -> None:
+    """Pause (True) or resume (False) the daemon."""
+    set_setting(session, PAUSED_KEY, bool(paused), now)
+
+
+def active_policy(session: Session, default_name: str,
+                  default_params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The active policy: (name, params) as set by an operator, else the given defaults
+    (``[policy] name`` and ``params`` from the configuration)."""
+    name = get_setting(session, POLICY_NAME_KEY, None)
+    if name is None:
+        return default_name, dict(default_params or {})
+    return str(name), dict(get_setting(session, POLICY_PARAMS_KEY, {}) or {})
+
+
+def set_policy(session: Session, name: str, params: Mapping[str, Any] | None = None,
+               now: datetime | None = None) -> None:
+    """Make ``name`` with ``params`` the active policy (the daemon uses it from its next cycle)."""
+    set_setting(session, POLICY_NAME_KEY, name, now)
+    set_setting(session, POLICY_PARAMS_KEY, dict(params or {}), now)

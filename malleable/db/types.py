@@ -1,0 +1,88 @@
+"""Column types shared by the models and the migrations.
+
+`UTCDateTime`: a timezone-aware UTC `datetime` in Python. Storage:
+
+* SQLite: an INTEGER, microseconds since the Unix epoch (1970-01-01 UTC).
+  Exact, compact (6 bytes for present-day times instead of 26 for ISO text),
+  and ordered like time. To read it by hand:
+  ``SELECT datetime(t / 1000000, 'unixepoch') FROM progress_samples``.
+* PostgreSQL (and any other backend): ``TIMESTAMP WITH TIME ZONE``, read back
+  and converted to UTC.
+
+A naive `datetime` is refused (`ValueError` naming the value): a time whose
+zone is unknown would be silently wrong after a DST change or on a host not
+in UTC.
+
+`JSONDoc`: JSON on SQLite (TEXT), JSONB on PostgreSQL.
+
+These types are used by the frozen migration scripts too, so their storage
+must never change; a new storage format is a new type and a migration.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Integer
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
+
+
+def to_micros(value: datetime) -> int:
+    """An aware datetime -> integer microseconds since the Unix epoch (UTC).
+
+    Raises:
+        ValueError: ``value`` is naive (has no tzinfo).
+    """
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"time {value.isoformat()}: a naive datetime; "
+                         "pass a timezone-aware one (e.g. datetime.now(UTC))")
+    return (value - _EPOCH) // _US
+
+
+def from_micros(value: int) -> datetime:
+    """Integer microseconds since the Unix epoch -> an aware UTC datetime."""
+    return _EPOCH + timedelta(microseconds=int(value))
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime; INTEGER microseconds on SQLite, TIMESTAMPTZ elsewhere."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(BigInteger())
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise ValueError(f"time {value!r}: expected a datetime, got {type(value).__name__}")
+        if dialect.name == "sqlite":
+            return to_micros(value)
+        to_micros(value)  # refuses a naive datetime on every backend alike
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if dialect.name == "sqlite":
+            return from_micros(value)
+        if value.tzinfo is None:  # a backend without time zones stores UTC
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# Integer primary keys: SQLite makes only INTEGER PRIMARY KEY an alias of the rowid
+# (autoincrementing, 8 bytes max); elsewhere a 64-bit key for tables that grow fast.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+JSONDoc = JSON().with_variant(JSONB(), "postgresql")

@@ -1,0 +1,264 @@
+"""Ingestion: new progress lines from the spool directory into the database.
+
+The daemon's ingest step, and the simulator's, is one call::
+
+    with Session() as s, s.begin():
+        report = ingest_progress(s, jobs, SpoolDir(cfg.progress.spool_dir), now=now,
+                                 max_bytes_per_job=cfg.progress.max_bytes_per_job,
+                                 max_future_s=cfg.progress.max_future_s)
+
+For each known job (`IngestJob`: the ``jobs.id``, Slurm id and owner uid) it
+reads only the bytes after the offset stored in ``progress_files`` (at most
+``max_bytes_per_job``), validates every complete line
+(`malleable.progress.lines`), and writes:
+
+* ``progress`` lines -> ``progress_samples`` rows (time, step, samples, GPUs,
+  nodes, batch size, metric, gradient statistics);
+* ``started``, ``checkpointed``, ``finished`` lines -> ``job_events`` rows of that
+  kind at the line's time, ``detail`` a JSON object with step, samples, gpus,
+  nodes, batch, restart (and path for ``checkpointed``);
+* ``progress_files``: the new offset (always at a line boundary, or past an
+  over-long line), the file's device/inode/size, lines accepted, and rejected
+  lines counted by reason (`malleable.progress.lines.Reason`, plus the file-level
+  `malleable.progress.spool.FileProblem` values, counted once per refused file).
+
+A partial last line is left for the next call. A replaced (other inode) or
+truncated file is read again from 0. Nothing here raises for a bad file or a
+bad line: one job's problems never stop the cycle (database errors do
+propagate: the caller's transaction is then rolled back as a whole).
+
+The ordering check (step never decreasing within a run) needs each job's last
+accepted (restart, step, samples): `Cursors` keeps it in memory across calls,
+rebuilding a missing one from the database (latest sample and latest job-reported
+event), so a daemon restart keeps checking. The ``progress_files`` rows and the
+missing cursors are read in batches of 500 jobs and all samples are inserted
+with one executemany, so a cycle costs a few queries plus one write per job that
+had new lines (benchmarks/results/ingest.txt).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from malleable.db import store
+from malleable.db.models import JobEvent, ProgressFile
+from malleable.progress.lines import Cursor, LineValidator, ProgressRecord
+from malleable.progress.reporter import MAX_LINE_BYTES
+from malleable.progress.spool import SpoolDir, process_read
+
+EVENT_KINDS = ("started", "checkpointed", "finished")
+
+
+@dataclass(frozen=True)
+class IngestJob:
+    """A job whose progress file ingestion reads.
+
+    Attributes:
+        db_id: its ``jobs.id``.
+        slurm_job_id: its Slurm id ("123", "123_4"): names the file.
+        uid: its user's uid; the file must be owned by it (None: never read).
+    """
+
+    db_id: int
+    slurm_job_id: str
+    uid: int | None
+
+    @classmethod
+    def of(cls, job: object) -> IngestJob:
+        """From a `malleable.db.models.Job` row (anything with ``id``, ``slurm_job_id``,
+        ``uid``), e.g. ``[IngestJob.of(j) for j in store.active_jobs(s, malleable=True)]``."""
+        return cls(job.id, job.slurm_job_id, job.uid)  # type: ignore[attr-defined]
+
+
+@dataclass
+class IngestReport:
+    """What `ingest_progress` did, for logs and metrics.
+
+    Attributes:
+        jobs_read: jobs whose file had new bytes.
+        samples: progress samples written; events: job events written.
+        rejected: rejected lines (and refused files) by reason, over all jobs.
+        rejected_by_job: Slurm id -> Counter of reasons, for jobs with rejections.
+        problems: Slurm id -> description of a refused file (symlink, owner, ...).
+        bytes_read: bytes consumed over all files.
+    """
+
+    jobs_read: int = 0
+    samples: int = 0
+    events: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    rejected_by_job: dict[str, Counter] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    bytes_read: int = 0
+
+
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+class Cursors:
+    """Each job's ordering state (`Cursor`) across ingest calls, keyed by ``jobs.id``.
+
+    Kept in memory by the daemon (and the simulator) for the life of the
+    process; jobs not seen yet get theirs from the database (`load`): the step
+    and samples of the latest progress sample and the restart count of the
+    latest job-reported event (0 if none).
+    """
+
+    def __init__(self) -> None:
+        self._by_job: dict[int, Cursor | None] = {}
+
+    def load(self, session: Session, job_ids: Iterable[int]) -> None:
+        """Fetch the cursors of the jobs not known yet (a few queries per 500 jobs)."""
+        missing = [j for j in dict.fromkeys(job_ids) if j not in self._by_job]
+        for i in range(0, len(missing), _CHUNK):
+            self._by_job.update(_cursors_from_db(session, missing[i:i + _CHUNK]))
+
+    def get(self, job_id: int) -> Cursor | None:
+        """The cursor of a job (None: nothing accepted yet, or not loaded)."""
+        return self._by_job.get(job_id)
+
+    def set(self, job_id: int, cursor: Cursor | None) -> None:
+        self._by_job[job_id] = cursor
+
+    def forget(self, keep: Iterable[int]) -> None:
+        """Drop the cursors of jobs not in ``keep`` (finished and pruned jobs)."""
+        keep = set(keep)
+        for job_id in [j for j in self._by_job if j not in keep]:
+            del self._by_job[job_id]
+
+
+_CHUNK = 500
+
+
+def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor | None]:
+    latest = store.latest_samples(session, job_ids, 1)
+    restarts: dict[int, int] = {}
+    q = (select(JobEvent.job_id, JobEvent.detail)
+         .where(JobEvent.job_id.in_(job_ids), JobEvent.kind.in_(EVENT_KINDS))
+         .order_by(JobEvent.job_id, JobEvent.time.desc(), JobEvent.id.desc()))
+    for job_id, detail in session.execute(q):
+        if job_id in restarts or not detail:
+            continue
+        try:
+            restarts[job_id] = int(json.loads(detail).get("restart", 0))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    out: dict[int, Cursor | None] = {}
+    for job_id in job_ids:
+        restart = restarts.get(job_id, 0)
+        rows = latest.get(job_id) or []
+        if rows and rows[-1].restart is not None:
+            restart = max(restart, int(rows[-1].restart))
+        if rows:
+            out[job_id] = Cursor(restart, int(rows[-1].step), int(rows[-1].samples))
+        else:
+            out[job_id] = None if restart == 0 else Cursor(restart, 0, 0)
+    return out
+
+
+def _progress_files(session: Session, job_ids: list[int]) -> dict[int, ProgressFile]:
+    out: dict[int, ProgressFile] = {}
+    for i in range(0, len(job_ids), _CHUNK):
+        part = job_ids[i:i + _CHUNK]
+        for pf in session.scalars(select(ProgressFile).where(ProgressFile.job_id.in_(part))):
+            out[pf.job_id] = pf
+    return out
+
+
+def _event_detail(rec: ProgressRecord) -> str:
+    doc = {"step": rec.step, "samples": rec.samples, "gpus": rec.gpus, "nodes": rec.nodes,
+           "batch": rec.batch, "restart": rec.restart}
+    if rec.path is not None:
+        doc["path"] = rec.path
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir, *,
+                    now: datetime, max_bytes_per_job: int = 1 << 20,
+                    max_future_s: float = 300.0, cursors: Cursors | None = None
+                    ) -> IngestReport:
+    """Read every known job's new progress lines into the database (see the module doc).
+
+    Args:
+        session: an open read-write session; nothing is committed here.
+        jobs: the jobs to read (the daemon passes its malleable jobs that are not
+            finished, plus those that finished since the last call).
+        spool: the spool directory (`SpoolDir`), the daemon's or the simulator's.
+        now: the caller's clock (aware datetime): lines dated more than
+            ``max_future_s`` after it are rejected; ``progress_files.last_read_at``.
+        max_bytes_per_job: read at most this many bytes per job per call (raised
+            to one maximal line if smaller).
+        max_future_s: see ``now``.
+        cursors: ordering state kept across calls (a fresh `Cursors` if None: then
+            rebuilt from the database).
+
+    Returns:
+        An `IngestReport`. Never raises for a bad file or line.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database failed (nothing of this call
+            should then be committed).
+    """
+    cursors = cursors if cursors is not None else Cursors()
+    jobs = list(jobs)
+    report = IngestReport()
+    now_s = now.timestamp()
+    limit = max(int(max_bytes_per_job), MAX_LINE_BYTES + 1)
+    files = _progress_files(session, [j.db_id for j in jobs])
+    cursors.load(session, [j.db_id for j in jobs])
+    samples: list[store.SampleIn] = []
+    for job in jobs:
+        pf = files.get(job.db_id)
+        read = spool.read(job.slurm_job_id, job.uid, offset=pf.offset if pf else 0,
+                          device=pf.device if pf else None, inode=pf.inode if pf else None,
+                          max_bytes=limit)
+        if not read.exists:
+            continue
+        if read.problem is not None:
+            report.problems[job.slurm_job_id] = read.detail
+            seen = pf is not None and (pf.device, pf.inode) == (read.device, read.inode) \
+                and pf.offset == 0 and read.problem.value in (pf.rejected or {})
+            counts = {} if seen else {read.problem.value: 1}
+            if counts:
+                report.rejected.update(counts)
+                report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(counts)
+            store.save_progress_file(session, job_id=job.db_id, path=spool.file_path_safe(
+                job.slurm_job_id), device=read.device, inode=read.inode, offset=0,
+                size=read.size, now=now, rejected=counts)
+            continue
+        if not read.data and pf is not None and not read.reset:
+            continue
+        validator = LineValidator(job.slurm_job_id, cursors.get(job.db_id),
+                                  max_future_s=max_future_s)
+        result = process_read(read, validator, now_s)
+        cursors.set(job.db_id, validator.last)
+        samples.extend(store.SampleIn(
+            job_id=job.db_id, time=_utc(r.t), step=r.step, samples=r.samples, gpus=r.gpus,
+            batch_size=r.batch, nodes=r.nodes, metric=r.metric, grad_sqr=r.grad_sqr,
+            grad_var=r.grad_var, restart=r.restart)
+            for r in result.records if r.event == "progress")
+        for r in result.records:
+            if r.event in EVENT_KINDS:
+                store.add_job_event(session, job.db_id, _utc(r.t), r.event, _event_detail(r))
+                report.events += 1
+        store.save_progress_file(session, job_id=job.db_id,
+                                 path=spool.file_path_safe(job.slurm_job_id),
+                                 device=read.device, inode=read.inode, offset=result.offset,
+                                 size=read.size, now=now, accepted=len(result.records),
+                                 rejected=dict(result.rejected))
+        report.jobs_read += 1
+        report.bytes_read += result.bytes_read
+        if result.rejected:
+            report.rejected.update(result.rejected)
+            report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(
+                result.rejected)
+    report.samples = store.add_progress_samples(session, samples)
+    return report

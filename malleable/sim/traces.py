@@ -1,0 +1,683 @@
+"""Trace loaders: real job logs into one typed record per job (`TraceJob`).
+
+Each loader reads one format and returns the jobs sorted by arrival (then
+name), with arrivals in seconds from the trace's first submission (or as the
+file gives them, for files that are already relative). A malformed row is
+refused with `TraceError`, whose message names the file, the line number, the
+field and the value; nothing is silently repaired. Rows that are well formed
+but cannot be simulated (a job that never started, an SWF job of unknown run
+time) are skipped and counted in the loader's ``skipped`` return where noted.
+
+Formats:
+
+* `load_pollux_workload`: Pollux's workload CSV (``name,time,application,
+  num_replicas,batch_size``), e.g. ``malleable/sim/data/pollux/workloads/``.
+* `load_philly`: the Philly job list derived by Pollux (``philly.csv``:
+  ``timestamp,duration,num_gpus,gpu_time,cluster``), with models assigned by
+  GPU-time class as Pollux's workload generator did (see the function), and
+  `busiest_window` to cut the busiest stretch of it.
+* `load_gavel`: Gavel's Philly-derived per-VC traces (``philly_msr_vc_traces.csv.gz``).
+* `load_swf`: the Parallel Workloads Archive's Standard Workload Format (18 fields).
+* `load_sacct`: a Slurm accounting export: ``sacct -P`` text with a header,
+  ``sacct --json``, or the sacct-derived CSV of NREL's Eagle sample.
+
+Files ending in ``.gz`` are read through gzip.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from malleable.sim.profiles import MODELS
+
+#: Pollux's GPU-time classes (upper bounds in GPU-seconds) and the models mapped to them.
+PHILLY_CLASSES = ((3600.0, ("cifar10", "ncf")), (36000.0, ("deepspeech2", "bert")),
+                  (360000.0, ("yolov3",)), (math.inf, ("imagenet",)))
+
+
+class TraceError(ValueError):
+    """A trace file is unreadable or has a malformed row.
+
+    Attributes: path, line (1-based, 0 when not about a line), field, value.
+    """
+
+    def __init__(self, path: str | Path, line: int, field: str, value: object, problem: str):
+        where = f"{path}:{line}" if line else f"{path}"
+        what = f": field {field}={value!r}" if field else ""
+        super().__init__(f"{where}{what}: {problem}")
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.value = value
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One job of a trace.
+
+    Attributes:
+        name: a name unique within the trace.
+        arrival_s: submission time, seconds from the trace's origin (>= 0).
+        gpus: GPUs requested (for SWF: processors; 0 for a CPU-only job).
+        model: the training model ("cifar10", ... or Gavel's job type), None if unknown.
+        duration_s: run time in the original trace, seconds, None if unknown.
+        batch_size: global batch size, None if unknown.
+        total_steps: iterations to run (Gavel), None if unknown.
+        nodes: nodes requested, None if unknown.
+        group: virtual cluster, partition or user ("" if none).
+    """
+
+    name: str
+    arrival_s: float
+    gpus: int
+    model: str | None = None
+    duration_s: float | None = None
+    batch_size: int | None = None
+    total_steps: int | None = None
+    nodes: int | None = None
+    group: str = ""
+
+    @property
+    def gpu_time_s(self) -> float | None:
+        """``gpus * duration_s`` in GPU-seconds, None without a duration."""
+        return None if self.duration_s is None else self.gpus * self.duration_s
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    try:
+        if path.suffix == ".gz":
+            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+        return open(path, encoding="utf-8", newline="")
+    except OSError as exc:
+        raise TraceError(path, 0, "", None, f"cannot read trace: {exc.strerror}") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    fh = _open_text(path)
+    try:
+        with fh:
+            yield from enumerate(fh, start=1)
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+
+
+def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a headed CSV; refuses a header without ``required``."""
+    fh = _open_text(path)
+    try:
+        with fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            missing = [f for f in required if f not in header]
+            if missing:
+                raise TraceError(path, 1, "header", ",".join(header),
+                                 f"missing column(s) {', '.join(missing)}")
+            for row in reader:
+                line = reader.line_num
+                if None in row or any(v is None for v in row.values()):
+                    raise TraceError(path, line, "row", ",".join(
+                        str(v) for v in row.values() if v is not None),
+                        f"expected {len(header)} fields")
+                yield line, row
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+
+
+def _int(path: Path, line: int, field: str, raw: Any, *, lo: int = 0) -> int:
+    try:
+        value = float(raw) if isinstance(raw, str) else raw
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value != int(value):
+            raise ValueError
+        value = int(value)
+    except (TypeError, ValueError):
+        raise TraceError(path, line, field, raw, "not an integer") from None
+    if value < lo:
+        raise TraceError(path, line, field, raw, f"must be >= {lo}")
+    return value
+
+
+def _float(path: Path, line: int, field: str, raw: Any, *, lo: float = 0.0) -> float:
+    try:
+        value = float(raw)
+        if isinstance(raw, bool) or not math.isfinite(value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise TraceError(path, line, field, raw, "not a finite number") from None
+    if value < lo:
+        raise TraceError(path, line, field, raw, f"must be >= {lo}")
+    return value
+
+
+_ISO = {"%Y-%m-%d %H:%M:%S": re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"),
+        "%Y-%m-%dT%H:%M:%S": re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$")}
+
+
+def _datetime(path: Path, line: int, field: str, raw: str, fmt: str) -> datetime:
+    """``raw`` in ``fmt`` (one of `_ISO`'s), read as UTC."""
+    try:
+        if not _ISO[fmt].match(raw):
+            raise ValueError
+        return datetime.fromisoformat(raw).replace(tzinfo=UTC)
+    except (TypeError, ValueError):
+        raise TraceError(path, line, field, raw, f"not a time of the form {fmt}") from None
+
+
+def _sorted(jobs: list[TraceJob]) -> list[TraceJob]:
+    return sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+
+
+def _rebase(jobs: list[TraceJob], origin: float) -> list[TraceJob]:
+    return _sorted([replace(j, arrival_s=j.arrival_s - origin) for j in jobs])
+
+
+def _uniquify(jobs: list[TraceJob]) -> list[TraceJob]:
+    """Repeated job ids (requeued jobs, or array tasks without their index) become id#2, ..."""
+    count: dict[str, int] = {}
+    out = []
+    for j in jobs:
+        n = count[j.name] = count.get(j.name, 0) + 1
+        out.append(j if n == 1 else replace(j, name=f"{j.name}#{n}"))
+    return out
+
+
+def _check_unique(path: Path, names: list[tuple[int, str]]) -> None:
+    seen: dict[str, int] = {}
+    for line, name in names:
+        if name in seen:
+            raise TraceError(path, line, "name", name, f"duplicate of line {seen[name]}")
+        seen[name] = line
+
+
+# ----------------------------------------------------------------------------- Pollux
+
+
+def load_pollux_workload(path: str | Path) -> list[TraceJob]:
+    """Pollux's workload CSV: ``name,time,application,num_replicas,batch_size``.
+
+    Returns one job per row: ``arrival_s = time``, ``model = application`` (one of
+    the six profiled models), ``gpus = num_replicas``, ``batch_size``.
+
+    Raises:
+        TraceError: unreadable file, missing column, duplicate name, or a bad value.
+    """
+    path = Path(path)
+    jobs, names = [], []
+    for line, row in _csv_rows(path, ("name", "time", "application", "num_replicas",
+                                      "batch_size")):
+        name = row["name"].strip()
+        if not name:
+            raise TraceError(path, line, "name", row["name"], "empty")
+        app = row["application"].strip()
+        if app not in MODELS:
+            raise TraceError(path, line, "application", app,
+                             f"unknown model (known: {', '.join(MODELS)})")
+        jobs.append(TraceJob(name=name, arrival_s=_float(path, line, "time", row["time"]),
+                             gpus=_int(path, line, "num_replicas", row["num_replicas"], lo=1),
+                             model=app,
+                             batch_size=_int(path, line, "batch_size", row["batch_size"], lo=1)))
+        names.append((line, name))
+    _check_unique(path, names)
+    return _sorted(jobs)
+
+
+# ----------------------------------------------------------------------------- Philly
+
+
+def philly_model(gpu_time_s: float, u: float) -> str:
+    """The model Pollux's generator maps a Philly job to, by its GPU-time class.
+
+    < 1 GPU-hour: cifar10 or ncf; < 10: deepspeech2 or bert; < 100: yolov3;
+    otherwise imagenet. ``u`` in [0, 1) picks within a class of two (first if < 0.5).
+    """
+    for bound, models in PHILLY_CLASSES:
+        if gpu_time_s < bound:
+            return models[0] if len(models) == 1 or u < 0.5 else models[1]
+    return PHILLY_CLASSES[-1][1][0]
+
+
+def load_philly(path: str | Path, *, seed: int = 0, min_duration_s: float = 0.0,
+                max_gpu_time_s: float = math.inf) -> list[TraceJob]:
+    """The Philly job list ``philly.csv`` (``timestamp,duration,num_gpus,gpu_time,cluster``).
+
+    Each job keeps its real arrival (seconds from the first ``timestamp`` of the
+    kept rows), GPUs and duration, and gets a model by GPU-time class as Pollux's
+    workload generator did (`philly_model`: < 1 GPU-h cifar10 or ncf, < 10 h
+    deepspeech2 or bert, < 100 h yolov3, else imagenet). The choice within a
+    class is a seeded coin flip per row: ``numpy.random.default_rng(seed)`` draws
+    one uniform number for every data row in file order, so the same seed gives
+    the same models, whatever the filters. Pollux also dropped jobs shorter than
+    60 s and of 1000 GPU-hours or more: pass ``min_duration_s=60,
+    max_gpu_time_s=3.6e6`` to do the same. Timestamps are read as UTC (the file
+    has local wall-clock times without a zone; only differences matter).
+
+    Returns the jobs named ``philly-<line>``, group = the hashed virtual cluster.
+
+    Raises:
+        TraceError: unreadable file, missing column, or a bad value (including a
+            ``gpu_time`` that is not ``duration * num_gpus``).
+    """
+    path = Path(path)
+    rows = list(_csv_rows(path, ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")))
+    coins = np.random.default_rng(seed).random(len(rows))
+    parsed = []
+    for (line, row), u in zip(rows, coins, strict=True):
+        ts = _datetime(path, line, "timestamp", row["timestamp"], "%Y-%m-%d %H:%M:%S")
+        duration = _float(path, line, "duration", row["duration"])
+        gpus = _int(path, line, "num_gpus", row["num_gpus"], lo=1)
+        gpu_time = _float(path, line, "gpu_time", row["gpu_time"])
+        if abs(gpu_time - duration * gpus) > 1e-6 * max(1.0, gpu_time):
+            raise TraceError(path, line, "gpu_time", row["gpu_time"],
+                             f"is not duration * num_gpus = {duration * gpus}")
+        if duration < min_duration_s or gpu_time >= max_gpu_time_s:
+            continue
+        parsed.append((ts.timestamp(), line, duration, gpus, gpu_time, row["cluster"].strip(),
+                       float(u)))
+    if not parsed:
+        return []
+    origin = min(p[0] for p in parsed)
+    jobs = [TraceJob(name=f"philly-{line}", arrival_s=t - origin, gpus=gpus,
+                     model=philly_model(gt, u), duration_s=dur, group=vc)
+            for t, line, dur, gpus, gt, vc, u in parsed]
+    return _sorted(jobs)
+
+
+def busiest_window(jobs: list[TraceJob], length_s: float = 14 * 86400.0, *,
+                   by: str = "gpu_time") -> tuple[float, list[TraceJob]]:
+    """The ``length_s`` stretch of arrivals with the most demand, rebased to start at 0.
+
+    Windows start at a job's arrival; demand is the GPU time (``gpus *
+    duration_s``) of the jobs arriving in ``[start, start + length_s)`` with
+    ``by="gpu_time"``, or their number with ``by="jobs"``. Ties go to the earliest
+    window. Returns ``(start_s, jobs)`` with start_s in the input's time base.
+
+    Raises:
+        ValueError: ``length_s <= 0``, an unknown ``by``, or ``by="gpu_time"`` with a
+            job of unknown duration.
+    """
+    if not (length_s > 0):
+        raise ValueError(f"length_s must be > 0, got {length_s!r}")
+    if by not in ("gpu_time", "jobs"):
+        raise ValueError(f"by must be 'gpu_time' or 'jobs', got {by!r}")
+    if not jobs:
+        return 0.0, []
+    ordered = _sorted(jobs)
+    t = np.array([j.arrival_s for j in ordered])
+    if by == "jobs":
+        w = np.ones(len(ordered))
+    else:
+        missing = [j.name for j in ordered if j.duration_s is None]
+        if missing:
+            raise ValueError(f"job {missing[0]!r} has no duration; use by='jobs'")
+        w = np.array([j.gpus * j.duration_s for j in ordered])  # type: ignore[operator]
+    cum = np.concatenate(([0.0], np.cumsum(w)))
+    ends = np.searchsorted(t, t + length_s, side="left")
+    demand = cum[ends] - cum[np.arange(len(t))]
+    best = int(np.argmax(demand))
+    start = float(t[best])
+    window = ordered[best:int(ends[best])]
+    return start, _rebase(window, start)
+
+
+# ----------------------------------------------------------------------------- Gavel
+
+_GAVEL_TYPE = re.compile(r"^(?P<model>.+?) \(batch size (?P<bs>[0-9]+)\)$")
+
+
+def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> list[TraceJob]:
+    """Gavel's Philly-derived traces (``seed,vc,line_no,job_type,num_steps_arg,
+    needs_data_dir,total_steps,arrival_time_s,scale_factor``).
+
+    The file holds 5 seeds of the same arrivals; ``seed`` picks one (only its
+    ``job_type`` and ``total_steps`` differ). ``vc`` keeps one virtual cluster.
+    Each job: ``arrival_s = arrival_time_s`` (seconds from its VC's first job),
+    ``gpus = scale_factor``, ``model`` and ``batch_size`` from ``job_type``
+    (e.g. "ResNet-50 (batch size 64)"; "A3C" and "CycleGAN" carry no batch
+    size), ``total_steps``, group = VC, named
+    ``<vc>-<line_no>``.
+
+    Raises:
+        TraceError: unreadable file, missing column, or a bad value.
+    """
+    path = Path(path)
+    jobs = []
+    need = ("seed", "vc", "line_no", "job_type", "total_steps", "arrival_time_s", "scale_factor")
+    for line, row in _csv_rows(path, need):
+        s = _int(path, line, "seed", row["seed"])
+        if s != seed or (vc is not None and row["vc"] != vc):
+            continue
+        job_type = row["job_type"].strip()
+        if not job_type:
+            raise TraceError(path, line, "job_type", row["job_type"], "empty")
+        m = _GAVEL_TYPE.match(job_type)
+        model, batch = (m.group("model"), int(m.group("bs"))) if m else (job_type, None)
+        no = _int(path, line, "line_no", row["line_no"])
+        jobs.append(TraceJob(
+            name=f"{row['vc']}-{no}",
+            arrival_s=_float(path, line, "arrival_time_s", row["arrival_time_s"]),
+            gpus=_int(path, line, "scale_factor", row["scale_factor"], lo=1),
+            model=model, batch_size=batch,
+            total_steps=_int(path, line, "total_steps", row["total_steps"], lo=1),
+            group=row["vc"]))
+    return _sorted(jobs)
+
+
+# ----------------------------------------------------------------------------- SWF
+
+SWF_FIELDS = ("job", "submit", "wait", "run_time", "alloc_procs", "avg_cpu_time", "used_memory",
+              "req_procs", "req_time", "req_memory", "status", "user", "group", "executable",
+              "queue", "partition", "preceding_job", "think_time")
+
+
+def load_swf(path: str | Path) -> tuple[list[TraceJob], int]:
+    """A Standard Workload Format log (Parallel Workloads Archive; ``;`` comment lines,
+    18 whitespace-separated numeric fields per job, -1 = unknown).
+
+    Each job: ``arrival_s`` = submit time (field 2) from the first submission,
+    ``duration_s`` = run time (field 4), ``gpus`` = allocated processors (field 5,
+    or requested, field 8, when unknown): SWF logs count CPUs, used here as the
+    job's resource count; ``nodes`` unknown; group = "u<user id>" (field 12).
+    Jobs whose submit time, run time or processor count is unknown are skipped.
+
+    Returns ``(jobs, skipped)``.
+
+    Raises:
+        TraceError: a row without 18 fields, a non-numeric field, or a negative
+            value other than -1.
+    """
+    path = Path(path)
+    jobs, skipped, names = [], 0, []
+    for line, text in _lines(path):
+        s = text.strip()
+        if not s or s.startswith(";"):
+            continue
+        parts = s.split()
+        if len(parts) != len(SWF_FIELDS):
+            raise TraceError(path, line, "row", s[:80],
+                             f"expected {len(SWF_FIELDS)} fields, got {len(parts)}")
+        vals = []
+        for name, raw in zip(SWF_FIELDS, parts, strict=True):
+            try:
+                v = float(raw)
+            except ValueError:
+                raise TraceError(path, line, name, raw, "not a number") from None
+            if not math.isfinite(v) or (v < 0 and v != -1):
+                raise TraceError(path, line, name, raw, "must be >= 0 or -1 (unknown)")
+            vals.append(v)
+        rec = dict(zip(SWF_FIELDS, vals, strict=True))
+        procs = rec["alloc_procs"] if rec["alloc_procs"] >= 0 else rec["req_procs"]
+        if rec["submit"] < 0 or rec["run_time"] < 0 or procs < 0:
+            skipped += 1
+            continue
+        for name in ("job", "alloc_procs", "req_procs"):
+            if rec[name] != int(rec[name]):
+                raise TraceError(path, line, name, parts[SWF_FIELDS.index(name)],
+                                 "not an integer")
+        name = str(int(rec["job"]))
+        names.append((line, name))
+        user = int(rec["user"])
+        jobs.append(TraceJob(name=name, arrival_s=rec["submit"], gpus=int(procs),
+                             duration_s=rec["run_time"],
+                             group=f"u{user}" if user >= 0 else ""))
+    _check_unique(path, names)
+    origin = min((j.arrival_s for j in jobs), default=0.0)
+    return _rebase(jobs, origin), skipped
+
+
+# ----------------------------------------------------------------------------- sacct
+
+_TRES_GPU = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=([0-9]+)")
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:([0-9]+)")
+_ELAPSED = re.compile(r"^(?:(?P<d>[0-9]+)-)?(?:(?P<h>[0-9]+):)?(?P<m>[0-9]+):(?P<s>[0-9]+(?:\.[0-9]+)?)$")
+_UNSET_TIMES = {"", "Unknown", "None", "N/A"}
+
+
+def _elapsed(path: Path, line: int, field: str, raw: str) -> float:
+    m = _ELAPSED.match(raw.strip())
+    if m is None:
+        raise TraceError(path, line, field, raw, "not a duration [D-][HH:]MM:SS")
+    return (int(m["d"] or 0) * 86400 + int(m["h"] or 0) * 3600 + int(m["m"]) * 60
+            + float(m["s"]))
+
+
+def _sacct_gpus(row: dict[str, str]) -> int:
+    """GPUs from AllocTRES/ReqTRES ("gres/gpu=4"), else AllocGRES/ReqGRES ("gpu:4"), else 0."""
+    for field in ("AllocTRES", "ReqTRES"):
+        m = _TRES_GPU.search(row.get(field) or "")
+        if m:
+            return int(m.group(1))
+    for field in ("AllocGRES", "ReqGRES"):
+        m = _GRES_GPU.search(row.get(field) or "")
+        if m:
+            return int(m.group(1))
+    return 0
+
+
+def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
+    fh = _open_text(path)
+    jobs, skipped = [], 0
+    try:
+        with fh:
+            header_line = fh.readline()
+            header = header_line.rstrip("\r\n").split("|")
+            if header and header[-1] == "":
+                header = header[:-1]   # sacct -p ends every line with "|"
+            for need in ("JobID", "Submit"):
+                if need not in header:
+                    raise TraceError(path, 1, "header", header_line.strip(),
+                                     f"missing column {need} (sacct -P --format=JobID,...)")
+            if "Elapsed" not in header and not {"Start", "End"} <= set(header):
+                raise TraceError(path, 1, "header", header_line.strip(),
+                                 "needs Elapsed or Start and End")
+            for line, text in enumerate(fh, start=2):
+                text = text.rstrip("\r\n")
+                if not text.strip():
+                    continue
+                parts = text.split("|")
+                if len(parts) == len(header) + 1 and parts[-1] == "":
+                    parts = parts[:-1]
+                if len(parts) != len(header):
+                    raise TraceError(path, line, "row", text[:80],
+                                     f"expected {len(header)} fields, got {len(parts)}")
+                row = dict(zip(header, parts, strict=True))
+                jid = row["JobID"].strip()
+                if not re.match(r"^[0-9]+(?:_[0-9]+|_\[[^\]]*\]|\+[0-9]+)?(?:\.[A-Za-z0-9_]+)?$",
+                                jid):
+                    raise TraceError(path, line, "JobID", jid, "not a Slurm job id")
+                if "." in jid:
+                    continue   # a job step (123.batch, 123.0, 123.extern)
+                submit = _datetime(path, line, "Submit", row["Submit"], "%Y-%m-%dT%H:%M:%S")
+                start_raw = row.get("Start", "")
+                if start_raw in _UNSET_TIMES and "Start" in row:
+                    skipped += 1   # never started (e.g. cancelled while pending)
+                    continue
+                if "Elapsed" in row:
+                    duration = _elapsed(path, line, "Elapsed", row["Elapsed"])
+                else:
+                    if row["End"] in _UNSET_TIMES:
+                        skipped += 1   # still running
+                        continue
+                    start = _datetime(path, line, "Start", start_raw, "%Y-%m-%dT%H:%M:%S")
+                    end = _datetime(path, line, "End", row["End"], "%Y-%m-%dT%H:%M:%S")
+                    duration = (end - start).total_seconds()
+                    if duration < 0:
+                        raise TraceError(path, line, "End", row["End"], "before Start")
+                nodes = None
+                for f in ("NNodes", "ReqNodes"):
+                    if row.get(f, "").strip():
+                        nodes = _int(path, line, f, row[f].strip(), lo=0)
+                        break
+                jobs.append(TraceJob(name=jid, arrival_s=submit.timestamp(),
+                                     gpus=_sacct_gpus(row), duration_s=duration,
+                                     nodes=nodes, group=row.get("Partition", "").strip()))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+    jobs = _uniquify(jobs)
+    origin = min((j.arrival_s for j in jobs), default=0.0)
+    return _rebase(jobs, origin), skipped
+
+
+def _json_number(path: Path, where: str, field: str, raw: Any) -> float | None:
+    """A number from sacct --json: plain, or {"set": bool, "infinite": bool, "number": n}."""
+    if isinstance(raw, dict):
+        if not raw.get("set", True) or raw.get("infinite", False):
+            return None
+        raw = raw.get("number")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        raise TraceError(path, 0, field, raw, f"{where}: not a number")
+    return float(raw)
+
+
+def _json_gpus(entries: Any) -> int | None:
+    if not isinstance(entries, list):
+        return None
+    for e in entries:
+        if isinstance(e, dict) and e.get("type") == "gres" and \
+                str(e.get("name", "")).split(":")[0] == "gpu":
+            count = e.get("count")
+            if isinstance(count, int) and count >= 0:
+                return count
+    return None
+
+
+def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
+    fh = _open_text(path)
+    try:
+        with fh:
+            doc = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise TraceError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise TraceError(path, 0, "jobs", type(doc.get("jobs") if isinstance(doc, dict) else doc)
+                         .__name__, "expected an object with a 'jobs' list (sacct --json)")
+    jobs, skipped = [], 0
+    for i, rec in enumerate(doc["jobs"]):
+        where = f"jobs[{i}]"
+        if not isinstance(rec, dict):
+            raise TraceError(path, 0, where, rec, "not an object")
+        jid_raw = rec.get("job_id")
+        if isinstance(jid_raw, bool) or not isinstance(jid_raw, int) or jid_raw < 1:
+            raise TraceError(path, 0, f"{where}.job_id", jid_raw, "not a positive integer")
+        arr = rec.get("array") or {}
+        task = arr.get("task_id") if isinstance(arr, dict) else None
+        task_n = _json_number(path, where, f"{where}.array.task_id", task) \
+            if task is not None else None
+        parent = arr.get("job_id") if isinstance(arr, dict) else None
+        jid = f"{parent}_{int(task_n)}" if task_n is not None and parent else str(jid_raw)
+        t = rec.get("time")
+        if not isinstance(t, dict):
+            raise TraceError(path, 0, f"{where}.time", t, "missing time object")
+        submit = _json_number(path, where, f"{where}.time.submission", t.get("submission"))
+        start = _json_number(path, where, f"{where}.time.start", t.get("start", 0))
+        end = _json_number(path, where, f"{where}.time.end", t.get("end", 0))
+        if submit is None or submit <= 0:
+            raise TraceError(path, 0, f"{where}.time.submission", t.get("submission"),
+                             "missing submission time")
+        if not start or not end:
+            skipped += 1   # never started, or still running
+            continue
+        elapsed = t.get("elapsed")
+        duration = _json_number(path, where, f"{where}.time.elapsed", elapsed) \
+            if elapsed is not None else end - start
+        if duration is None or duration < 0:
+            raise TraceError(path, 0, f"{where}.time.elapsed", elapsed, "negative or unset")
+        tres = rec.get("tres") or {}
+        gpus = _json_gpus(tres.get("allocated")) if isinstance(tres, dict) else None
+        if gpus is None and isinstance(tres, dict):
+            gpus = _json_gpus(tres.get("requested"))
+        nodes_raw = rec.get("allocation_nodes")
+        nodes = None
+        if nodes_raw is not None:
+            n = _json_number(path, where, f"{where}.allocation_nodes", nodes_raw)
+            nodes = int(n) if n is not None else None
+        jobs.append(TraceJob(name=jid, arrival_s=submit, gpus=gpus or 0, duration_s=duration,
+                             nodes=nodes, group=str(rec.get("partition") or "")))
+    jobs = _uniquify(jobs)
+    origin = min((j.arrival_s for j in jobs), default=0.0)
+    return _rebase(jobs, origin), skipped
+
+
+def _load_eagle_csv(path: Path) -> tuple[list[TraceJob], int]:
+    jobs, skipped = [], 0
+    need = ("job_id", "partition", "nodes_req", "gpus_req", "submit_time", "start_time",
+            "run_time")
+    for line, row in _csv_rows(path, need):
+        jid = row["job_id"].strip()
+        if not re.match(r"^[0-9]+(?:_[0-9]+)?$", jid):
+            raise TraceError(path, line, "job_id", jid, "not a Slurm job id")
+        submit = _datetime(path, line, "submit_time", row["submit_time"], "%Y-%m-%d %H:%M:%S")
+        if row["start_time"].strip() in _UNSET_TIMES:
+            skipped += 1
+            continue
+        _datetime(path, line, "start_time", row["start_time"], "%Y-%m-%d %H:%M:%S")
+        jobs.append(TraceJob(name=jid, arrival_s=submit.timestamp(),
+                             gpus=_int(path, line, "gpus_req", row["gpus_req"]),
+                             duration_s=_float(path, line, "run_time", row["run_time"]),
+                             nodes=_int(path, line, "nodes_req", row["nodes_req"], lo=1),
+                             group=row["partition"].strip()))
+    jobs = _uniquify(jobs)
+    origin = min((j.arrival_s for j in jobs), default=0.0)
+    return _rebase(jobs, origin), skipped
+
+
+def load_sacct(path: str | Path) -> tuple[list[TraceJob], int]:
+    """A Slurm accounting export, format detected from its start:
+
+    * ``sacct --json`` (``{"jobs": [...]}``; 22.05 plain numbers and 23.02+
+      ``{"set", "infinite", "number"}`` objects both accepted): submission, start,
+      end and elapsed from ``time``, GPUs from ``tres.allocated`` (else
+      ``tres.requested``) ``gres/gpu`` entries, nodes from ``allocation_nodes``.
+    * ``sacct -P`` (or ``-p``) text with a header line, e.g. ``sacct -a -X -P
+      --format=JobID,JobName,Partition,Submit,Start,End,Elapsed,NNodes,AllocTRES``:
+      needs JobID, Submit and Elapsed (or Start and End); GPUs from
+      AllocTRES/ReqTRES ``gres/gpu=N`` (else AllocGRES/ReqGRES ``gpu:N``, else 0);
+      job steps (``123.batch``) are ignored.
+    * The NREL Eagle sample's sacct-derived CSV (``job_id,...,gpus_req,...,
+      submit_time,start_time,end_time,run_time,...``).
+
+    Each job: arrival from its submit time (relative to the first), ``duration_s``
+    its elapsed run time, ``gpus``, ``nodes``, group = partition, named by job id
+    (a repeated id, as ``sacct --duplicates`` lists a requeued job or an export
+    that dropped array task indices has it, becomes ``<id>#2``, ``<id>#3``, ...
+    in file order).
+    Jobs that never started or are still running are skipped.
+
+    Returns ``(jobs, skipped)``.
+
+    Raises:
+        TraceError: unknown format, missing columns, or a bad value.
+    """
+    path = Path(path)
+    fh = _open_text(path)
+    try:
+        with fh:
+            head = fh.read(4096)
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+    first = head.lstrip()[:1]
+    first_line = head.split("\n", 1)[0]
+    if first == "{":
+        return _load_sacct_json(path)
+    if "|" in first_line:
+        return _load_sacct_text(path)
+    if first_line.startswith("job_id,") or ",submit_time," in first_line:
+        return _load_eagle_csv(path)
+    raise TraceError(path, 1, "header", first_line[:80],
+                     "not sacct --json, sacct -P text, or the Eagle sacct CSV")

@@ -1,0 +1,261 @@
+"""`malleable submit`: submit a batch script as a malleable job.
+
+::
+
+    malleable submit --gpus 2-16 --step 4 --batch 256 --target-steps 50000 -p gpu train.sbatch
+
+does what ``sbatch`` does, plus what the job contract needs (DESIGN.md section 5):
+
+* the malleable spec goes into ``--comment`` (merged, field by field, from the
+  script's own ``#SBATCH --comment`` spec, then a ``--comment`` given here, then
+  ``--spec``, then the options; the other text of the comment that sbatch would
+  use, the command line's or else the script's, is kept);
+* ``--requeue`` and ``--open-mode=append`` (a requeue must neither be refused nor
+  truncate the output);
+* the GPU request for the initial size (``--initial-gpus``, default the minimum
+  of the range): one node with k GPUs when k fits on a node, else k/g whole
+  nodes of g GPUs (g from the cluster);
+* the job's environment gets MALLEABLE_SIGNAL (the spec's signal),
+  MALLEABLE_BATCH_SIZE (the spec's batch, if any) and MALLEABLE_SPOOL (the
+  configured spool), which `Reporter.from_env` reads.
+
+Options it does not know are passed to sbatch as given, so the script is the
+last argument (script arguments are not supported: pass them through the
+environment). GPU requests (``--gres``, ``--gpus*``, ``-G``, ``-N``/``--nodes``)
+are refused: the spec decides the size. Prints the job id. Exit codes: 0
+submitted, 1 Slurm refused or did not answer, 2 bad input (one line naming the
+field and the value, e.g. a bad spec).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import click
+
+from malleable.config import ConfigError, load_config
+from malleable.slurm import connect
+from malleable.slurm.client import SlurmError
+from malleable.slurm.records import SubmitRequest
+from malleable.spec import (
+    MalleableSpec,
+    SpecError,
+    find_spec,
+    parse_spec,
+    replace_spec,
+    spec_fields,
+)
+
+# Our option -> spec key (values are validated by parse_spec, with its messages).
+_SPEC_OPTIONS = {
+    "gpus": "gpus", "step": "step", "signal": "signal", "signal_target": "signal_target",
+    "grace": "grace", "shrink": "shrink", "target_steps": "target_steps",
+    "target_samples": "target_samples", "target_epochs": "target_epochs",
+    "samples_per_epoch": "samples_per_epoch", "target_metric": "target_metric",
+    "metric_goal": "metric_goal", "batch": "batch", "max_batch": "max_batch",
+    "max_local_batch": "max_local_batch", "model": "model", "restart_cost": "restart_cost",
+}
+# sbatch options that would fight the size the spec sets.
+_SIZE_OPTIONS = re.compile(r"^(-G|-N|--nodes|--gres|--gpus|--gpus-per-node|--gpus-per-task|"
+                           r"--gpus-per-socket|--tres-per-node)(=.*)?$|^-[GN].+$")
+_SBATCH_LINE = re.compile(r"^#SBATCH\s+(.*)$")
+
+
+class SubmitError(Exception):
+    """Bad input for `malleable submit`; exit code 2, message names field and value."""
+
+
+def script_directives(path: str) -> list[str]:
+    """The option words of a batch script's ``#SBATCH`` lines (those sbatch reads: up to
+    the first line that is neither blank nor a comment).
+
+    Raises:
+        SubmitError: the script cannot be read.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(1 << 20)
+    except OSError as exc:
+        raise SubmitError(f"script {path}: {exc.strerror}") from None
+    words: list[str] = []
+    for i, raw in enumerate(text.splitlines()):
+        line = raw.strip()
+        if i == 0 and line.startswith("#!"):
+            continue
+        if line and not line.startswith("#"):
+            break
+        m = _SBATCH_LINE.match(line)
+        if m:
+            words.extend(_split_directive(m.group(1)))
+    return words
+
+
+def _split_directive(text: str) -> list[str]:
+    """Split an #SBATCH line's options like sbatch does (quotes group, # ends the line)."""
+    words, cur, quote, has = [], [], "", False
+    for ch in text:
+        if quote:
+            if ch == quote:
+                quote = ""
+            else:
+                cur.append(ch)
+        elif ch in "\"'":
+            quote, has = ch, True
+        elif ch.isspace():
+            if cur or has:
+                words.append("".join(cur))
+            cur, has = [], False
+        elif ch == "#" and not cur:
+            break
+        else:
+            cur.append(ch)
+    if cur or has:
+        words.append("".join(cur))
+    return words
+
+
+def comment_in(words: list[str]) -> str | None:
+    """The value of the last ``--comment`` among sbatch option words (None: none)."""
+    value = None
+    for i, w in enumerate(words):
+        if w.startswith("--comment="):
+            value = w.split("=", 1)[1]
+        elif w == "--comment" and i + 1 < len(words):
+            value = words[i + 1]
+    return value
+
+
+def without_comment(words: list[str]) -> list[str]:
+    """``words`` without their ``--comment`` options."""
+    out, skip = [], False
+    for w in words:
+        if skip:
+            skip = False
+        elif w == "--comment":
+            skip = True
+        elif not w.startswith("--comment="):
+            out.append(w)
+    return out
+
+
+def build_spec(comments: list[str | None], spec_text: str | None,
+               options: dict[str, str | None]) -> MalleableSpec:
+    """Merge the specs in ``comments`` (the script's, then the command line's), then
+    ``--spec``, then the options: later wins, field by field.
+
+    Raises:
+        SpecError: the merged spec is invalid (names the field and the value).
+    """
+    fields: dict[str, str] = {}
+    for comment in comments:
+        fields.update(spec_fields(comment or ""))
+    if spec_text:
+        if find_spec(spec_text) is None:
+            spec_text = "malleable:" + spec_text
+        fields.update(spec_fields(spec_text))
+    fields.update({key: value for key, value in options.items() if value is not None})
+    if "gpus" not in fields:
+        raise SpecError("malleable spec: gpus: missing; give the GPU range, e.g. --gpus 2-16",
+                        field="gpus")
+    spec = parse_spec("malleable:" + ",".join(f"{k}={v}" for k, v in fields.items()))
+    assert spec is not None  # a "malleable:" text yields a spec or raises
+    return spec
+
+
+def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for the initial size.
+
+    Raises:
+        SubmitError: the size is outside the spec or cannot be whole nodes.
+    """
+    k = spec.min_gpus if gpus is None else gpus
+    if k not in spec.allowed_gpus():
+        raise SubmitError(f"--initial-gpus={k}: not allowed by the spec (allowed: "
+                          f"{', '.join(map(str, spec.allowed_gpus()[:12]))}"
+                          f"{', ...' if len(spec.allowed_gpus()) > 12 else ''})")
+    g = max(1, gpus_per_node)
+    if k <= g:
+        return 1, k
+    if k % g:
+        raise SubmitError(f"--initial-gpus={k}: more than one node ({g} GPUs) but not whole "
+                          f"nodes")
+    return k // g, g
+
+
+def _fail(message: str, code: int) -> None:
+    """Print the error on one line (Slurm's own messages may span several) and exit."""
+    message = "; ".join(part.strip() for part in message.splitlines() if part.strip())
+    click.echo(f"malleable submit: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.command("submit", context_settings={"ignore_unknown_options": True,
+                                           "allow_interspersed_args": True})
+@click.option("--spec", "spec_text", metavar="SPEC",
+              help="A whole spec, e.g. 'gpus=2-16,step=4' (with or without 'malleable:').")
+@click.option("--gpus", metavar="MIN-MAX", help="GPU range, e.g. 2-16 (or N).")
+@click.option("--step", metavar="N", help="GPU counts above the minimum are multiples of N.")
+@click.option("--signal", metavar="SIG", help="Checkpoint signal (default USR1).")
+@click.option("--signal-target", metavar="batch|full|steps",
+              help="Which processes get the signal (default batch).")
+@click.option("--grace", metavar="SECONDS", help="Seconds to checkpoint after the signal.")
+@click.option("--shrink", metavar="inplace|requeue", help="Can it lose nodes while running?")
+@click.option("--target-steps", metavar="N")
+@click.option("--target-samples", metavar="N")
+@click.option("--target-epochs", metavar="N")
+@click.option("--samples-per-epoch", metavar="N")
+@click.option("--target-metric", metavar="X")
+@click.option("--metric-goal", metavar="max|min")
+@click.option("--batch", metavar="N", help="Initial global batch size m0.")
+@click.option("--max-batch", metavar="N")
+@click.option("--max-local-batch", metavar="N")
+@click.option("--model", metavar="NAME", help="Model name for priors (e.g. cifar10).")
+@click.option("--restart-cost", metavar="SECONDS")
+@click.option("--initial-gpus", type=click.IntRange(min=1), metavar="K",
+              help="GPUs to start on (default: the minimum of the range).")
+@click.option("--config", "config_path", metavar="PATH", help="malleable.toml to use.")
+@click.option("--dry-run", is_flag=True, help="Print the request instead of submitting.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True,
+                metavar="[SBATCH_OPTIONS]... SCRIPT")
+def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> None:
+    """Submit SCRIPT (the last argument) as a malleable job; other options go to sbatch."""
+    script, passthrough = args[-1], list(args[:-1])
+    if script.startswith("-"):
+        _fail(f"{script}: the batch script must be the last argument", 2)
+    bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w)), None)
+    if bad:
+        _fail(f"{bad}: malleable submit sets the GPU request from the spec "
+              f"(use --gpus MIN-MAX and --initial-gpus)", 2)
+    try:
+        directives = script_directives(script)
+        script_comment, own_comment = comment_in(directives), comment_in(passthrough)
+        base_comment = own_comment if own_comment is not None else script_comment or ""
+        spec = build_spec([script_comment, own_comment], spec_text,
+                          {_SPEC_OPTIONS[k]: v for k, v in options.items()})
+        config = load_config(config_path)
+    except (SubmitError, SpecError, ConfigError) as exc:
+        _fail(str(exc), 2)
+    try:
+        client = connect()
+        nodes, per_node = initial_shape(spec, initial_gpus, client.cluster().gpus_per_node)
+    except SubmitError as exc:
+        _fail(str(exc), 2)
+    except SlurmError as exc:
+        _fail(str(exc), 1)
+    env = [("MALLEABLE_SIGNAL", spec.signal), ("MALLEABLE_SPOOL", config.progress.spool_dir)]
+    if spec.batch_size is not None:
+        env.append(("MALLEABLE_BATCH_SIZE", str(spec.batch_size)))
+    request = SubmitRequest(script=os.path.abspath(script), nodes=nodes, gpus_per_node=per_node,
+                            comment=replace_spec(base_comment, spec), requeue=True,
+                            open_mode_append=True, extra_args=tuple(without_comment(passthrough)),
+                            env=tuple(env))
+    if dry_run:
+        click.echo(repr(request))
+        return
+    try:
+        job_id = client.submit(request)
+    except SlurmError as exc:
+        _fail(str(exc), 1)
+    click.echo(job_id)

@@ -1,0 +1,135 @@
+"""Metrics on hand-computed cases, the files they write, and the plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from malleable.sim.metrics import (
+    JOB_COLUMNS,
+    JobOutcome,
+    contention,
+    fairness_rho,
+    summarize,
+    utilization,
+    write_jobs_csv,
+    write_summary,
+)
+from malleable.sim.plots import plot_gpus_per_job, plot_jct_cdf, plot_utilization
+
+
+def outcome(name, arrival, start, end, restarts=0, gpu_s=0.0, ideal=None, gpus=1):
+    return JobOutcome(name=name, job_id=name, model="cifar10", gpus_requested=gpus,
+                      arrival_s=arrival, start_s=start, end_s=end, restarts=restarts,
+                      gpu_seconds=gpu_s, ideal_time=ideal)
+
+
+def test_contention_is_the_time_average_of_jobs_in_the_system():
+    # a: [0, 10), b: [5, 15), c: [20, 20) (zero length).
+    n = contention(np.array([0.0, 5.0, 20.0]), np.array([10.0, 15.0, 20.0]))
+    # a sees 1 job for 5 s then 2 for 5 s: 1.5; b the same; c counts itself: 1.
+    assert n.tolist() == pytest.approx([1.5, 1.5, 1.0])
+    with pytest.raises(ValueError):
+        contention(np.array([1.0]), np.array([0.0]))
+    assert contention(np.zeros(0), np.zeros(0)).size == 0
+
+
+def test_fairness_rho_divides_jct_by_the_time_alone_on_an_equal_share():
+    shares: list[float] = []
+
+    def ideal(share: float) -> float:
+        shares.append(share)
+        return 100.0 / share          # perfectly scalable job of 100 GPU-seconds
+
+    outs = [outcome("a", 0.0, 0.0, 10.0, ideal=ideal), outcome("b", 5.0, 5.0, 15.0, ideal=ideal),
+            outcome("c", 0.0, None, None, ideal=ideal), outcome("d", 1.0, 1.0, 2.0)]
+    rho = fairness_rho(outs, total_gpus=8)
+    # While a is in the system ([0, 10)): d is there in [1, 2), b in [5, 15).
+    n_a = (1 * 1 + 2 * 1 + 1 * 3 + 2 * 5) / 10     # 1.6
+    assert shares[0] == pytest.approx(8 / n_a)
+    assert rho[0] == pytest.approx(10.0 / (100.0 / (8 / n_a)))
+    assert np.isnan(rho[2]) and np.isnan(rho[3])   # unfinished; no model
+    assert fairness_rho([], 8).size == 0
+
+
+def test_summary_on_a_hand_computed_run():
+    outs = [outcome("a", 0.0, 0.0, 100.0, restarts=1, gpu_s=400.0),
+            outcome("b", 10.0, 50.0, 300.0, restarts=0, gpu_s=500.0),
+            outcome("c", 20.0, None, None, restarts=0)]
+    times = np.array([0.0, 50.0, 100.0, 300.0])
+    used = np.array([4, 6, 2, 0])
+    s = summarize(outs, total_gpus=8, timeline=(times, used))
+    assert s["jobs"] == 3 and s["jobs_finished"] == 2
+    assert s["avg_jct_s"] == 195.0 and s["median_jct_s"] == 195.0
+    assert s["p99_jct_s"] == pytest.approx(100 + 0.99 * 190, abs=1e-3)
+    assert s["max_jct_s"] == 290.0
+    assert s["makespan_s"] == 300.0
+    # (4*50 + 6*50 + 2*200) / (8 * 300)
+    assert s["gpu_utilization"] == pytest.approx(900 / 2400, abs=1e-3)
+    assert s["gpu_hours"] == 0.25
+    assert s["restarts_per_job"] == pytest.approx(1 / 3, abs=1e-3)
+    assert s["avg_wait_s"] == 20.0
+    assert s["ftf_rho_avg"] == 0.0       # no job has a model of its ideal time here
+    empty = summarize([], 8)
+    assert empty["avg_jct_s"] == 0.0 and empty["makespan_s"] == 0.0
+
+
+def test_utilization_clips_to_the_interval():
+    t = np.array([0.0, 10.0])
+    u = np.array([8, 4])
+    assert utilization(t, u, 8, 0.0, 20.0) == pytest.approx((80 + 40) / 160)
+    assert utilization(t, u, 8, 5.0, 15.0) == pytest.approx((40 + 20) / 80)
+    assert utilization(t, u, 8, 5.0, 5.0) == 0.0
+
+
+def test_summary_and_jobs_csv_are_sorted_rounded_and_reproducible(tmp_path):
+    outs = [outcome("b", 10.0, 50.0, 300.123456, gpu_s=1.0 / 3, ideal=lambda s: 10.0),
+            outcome("a", 0.0, 0.0, 100.0, restarts=2)]
+    s = summarize(outs, 8)
+    p1 = write_summary(s, tmp_path / "s1.json")
+    p2 = write_summary(summarize(list(outs), 8), tmp_path / "s2.json")
+    assert p1.read_bytes() == p2.read_bytes()
+    loaded = json.loads(p1.read_text())
+    assert list(loaded) == sorted(loaded)
+    assert p1.read_text().endswith("}\n")
+    assert loaded["avg_jct_s"] == round((290.123456 + 100.0) / 2, 3)
+    c = write_jobs_csv(outs, 8, tmp_path / "jobs.csv")
+    rows = list(csv.reader(c.open()))
+    assert tuple(rows[0]) == JOB_COLUMNS
+    assert [r[0] for r in rows[1:]] == ["a", "b"]        # by arrival
+    b = dict(zip(rows[0], rows[2], strict=True))
+    assert b["end_s"] == "300.123" and b["jct_s"] == "290.123" and b["gpu_seconds"] == "0.333"
+    assert b["ftf_rho"] == "29.012"
+    a = dict(zip(rows[0], rows[1], strict=True))
+    assert a["ftf_rho"] == "" and a["restarts"] == "2"
+
+
+def test_plots_are_written_as_png(tmp_path):
+    png = b"\x89PNG\r\n\x1a\n"
+    p = plot_jct_cdf({"static": [100.0, 2000.0, 30000.0], "other": [50.0, 900.0]},
+                     tmp_path / "cdf.png")
+    assert p.read_bytes()[:8] == png
+    log = [(0.0, "1", 4), (10.0, "2", 8), (3600.0, "1", 0), (7200.0, "2", 0)]
+    p = plot_gpus_per_job(log, tmp_path / "gpus.png", total_gpus=16)
+    assert p.read_bytes()[:8] == png
+    p = plot_utilization(np.array([0.0, 10.0, 3600.0, 7200.0]), np.array([4, 12, 8, 0]), 16,
+                         tmp_path / "util.png")
+    assert p.read_bytes()[:8] == png
+    with pytest.raises(ValueError, match="no JCT"):
+        plot_jct_cdf({"x": []}, tmp_path / "none.png")
+    with pytest.raises(ValueError, match="empty allocation log"):
+        plot_gpus_per_job([], tmp_path / "none.png")
+    with pytest.raises(ValueError, match="same shape"):
+        plot_utilization(np.zeros(2), np.zeros(3), 4, tmp_path / "none.png")
+
+
+def test_importing_plots_and_metrics_does_not_import_matplotlib():
+    code = ("import sys, malleable.sim.plots, malleable.sim.metrics; "
+            "print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

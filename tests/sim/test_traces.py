@@ -1,0 +1,365 @@
+"""Trace loaders on the real files in ../shared/data and on malformed rows (tmp files)."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from malleable.sim.profiles import DATA_DIR, MODELS
+from malleable.sim.traces import (
+    TraceError,
+    TraceJob,
+    busiest_window,
+    load_gavel,
+    load_philly,
+    load_pollux_workload,
+    load_sacct,
+    load_swf,
+    philly_model,
+)
+
+SHARED = Path("/work/shared/data")
+need_shared = pytest.mark.skipif(not SHARED.is_dir(),
+                                 reason="the shared data folder /work/shared/data is not here")
+PHILLY = SHARED / "philly_pollux" / "philly.csv"
+
+
+@pytest.fixture(scope="module")
+def philly() -> list[TraceJob]:
+    return load_philly(PHILLY, seed=0)
+
+
+# ----------------------------------------------------------------------------- Pollux
+
+
+@pytest.mark.parametrize("folder,count", [("workloads", 160), ("workloads-0.5", 80),
+                                          ("workloads-1.5", 240), ("workloads-2.0", 320),
+                                          ("workloads-realistic", 160)])
+def test_every_vendored_pollux_workload_loads(folder, count):
+    for i in range(1, 9):
+        jobs = load_pollux_workload(DATA_DIR / folder / f"workload-{i}.csv")
+        assert len(jobs) == count
+        assert all(j.model in MODELS and j.gpus >= 1 and j.batch_size >= 1 for j in jobs)
+        assert jobs == sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+        assert jobs[0].arrival_s >= 0 and jobs[-1].arrival_s < 8 * 3600
+
+
+def test_pollux_workload_values_match_the_file():
+    jobs = load_pollux_workload(DATA_DIR / "workloads" / "workload-1.csv")
+    assert jobs[0] == TraceJob(name="cifar10-0", arrival_s=107.0, gpus=6, model="cifar10",
+                               batch_size=2048)
+    assert jobs[2].name == "ncf-2" and (jobs[2].gpus, jobs[2].batch_size) == (1, 32768)
+
+
+@need_shared
+def test_vendored_pollux_files_are_byte_identical_to_the_shared_copies():
+    for src in sorted((SHARED / "pollux").rglob("*.csv")):
+        rel = src.relative_to(SHARED / "pollux")
+        assert (DATA_DIR / rel).read_bytes() == src.read_bytes(), rel
+
+
+@pytest.mark.parametrize("bad,field,value", [
+    ("cifar10-0,107,cifar10,six,2048", "num_replicas", "six"),
+    ("cifar10-0,107,cifar10,0,2048", "num_replicas", "0"),
+    ("cifar10-0,-5,cifar10,6,2048", "time", "-5"),
+    ("cifar10-0,107,gpt3,6,2048", "application", "gpt3"),
+    ("cifar10-0,107,cifar10,6,20.5", "batch_size", "20.5"),
+    (",107,cifar10,6,2048", "name", ""),
+])
+def test_pollux_workload_refuses_a_malformed_row(tmp_path, bad, field, value):
+    f = tmp_path / "w.csv"
+    f.write_text("name,time,application,num_replicas,batch_size\nok-1,1,ncf,1,256\n" + bad + "\n")
+    with pytest.raises(TraceError) as err:
+        load_pollux_workload(f)
+    msg = str(err.value)
+    assert f"{f}:3" in msg and f"field {field}={value!r}" in msg
+    assert (err.value.line, err.value.field, err.value.value) == (3, field, value)
+
+
+def test_pollux_workload_refuses_missing_columns_short_rows_and_duplicates(tmp_path):
+    f = tmp_path / "w.csv"
+    f.write_text("name,time,application,num_replicas\nx,1,ncf,1\n")
+    with pytest.raises(TraceError, match=r"w.csv:1: field header=.*missing column\(s\) batch_size"):
+        load_pollux_workload(f)
+    f.write_text("name,time,application,num_replicas,batch_size\nx,1,ncf,1\n")
+    with pytest.raises(TraceError, match=r"w.csv:2: field row=.*expected 5 fields"):
+        load_pollux_workload(f)
+    f.write_text("name,time,application,num_replicas,batch_size\nx,1,ncf,1,2\nx,2,ncf,1,2\n")
+    with pytest.raises(TraceError, match=r"w.csv:3: field name='x': duplicate of line 2"):
+        load_pollux_workload(f)
+    with pytest.raises(TraceError, match="cannot read trace"):
+        load_pollux_workload(tmp_path / "missing.csv")
+
+
+# ----------------------------------------------------------------------------- Philly
+
+
+@need_shared
+def test_philly_loads_all_jobs_with_models_by_gpu_time_class(philly):
+    assert len(philly) == 82247
+    assert philly[0].arrival_s == 0.0
+    span = philly[-1].arrival_s
+    assert 108 * 86400 < span < 109 * 86400          # 2017-09-04 .. 2017-12-22
+    gpus = collections.Counter(j.gpus for j in philly)
+    assert gpus[1] == 76627 and gpus[128] == 3
+    for j in philly:
+        gt = j.gpu_time_s
+        allowed = ("cifar10", "ncf") if gt < 3600 else ("deepspeech2", "bert") if gt < 36000 \
+            else ("yolov3",) if gt < 360000 else ("imagenet",)
+        assert j.model in allowed
+    models = collections.Counter(j.model for j in philly)
+    # The coin is fair: both models of a two-model class get about half.
+    assert 0.45 < models["cifar10"] / (models["cifar10"] + models["ncf"]) < 0.55
+
+
+@need_shared
+def test_philly_model_choice_is_seeded_and_filters_do_not_change_it(philly):
+    again = load_philly(PHILLY, seed=0)
+    other = load_philly(PHILLY, seed=1)
+    assert [j.model for j in again] == [j.model for j in philly]
+    assert [j.model for j in other] != [j.model for j in philly]
+    filtered = load_philly(PHILLY, seed=0, min_duration_s=60, max_gpu_time_s=3.6e6)
+    assert all(j.duration_s >= 60 and j.gpu_time_s < 3.6e6 for j in filtered)
+    by_name = {j.name: j.model for j in philly}
+    assert all(by_name[j.name] == j.model for j in filtered)
+    assert 70000 < len(filtered) < len(philly)
+
+
+def test_philly_model_classes():
+    assert philly_model(3599, 0.1) == "cifar10" and philly_model(3599, 0.9) == "ncf"
+    assert philly_model(3600, 0.1) == "deepspeech2" and philly_model(35999, 0.7) == "bert"
+    assert philly_model(36000, 0.9) == "yolov3" and philly_model(360000, 0.0) == "imagenet"
+
+
+@need_shared
+def test_busiest_two_week_window_of_philly(philly):
+    start, window = busiest_window(philly, 14 * 86400)
+    assert window[0].arrival_s == 0.0 and window[-1].arrival_s < 14 * 86400
+    demand = sum(j.gpu_time_s for j in window)
+    # No other window start has more GPU time arriving in 14 days (checked every hour).
+    t = np.array([j.arrival_s for j in philly])
+    cum = np.concatenate(([0.0], np.cumsum([j.gpu_time_s for j in philly])))
+    starts = np.arange(0.0, t[-1], 3600.0)
+    others = cum[np.searchsorted(t, starts + 14 * 86400)] - cum[np.searchsorted(t, starts)]
+    assert others.max() <= demand * (1 + 1e-12)
+    assert start in t
+    by_jobs_start, by_jobs = busiest_window(philly, 14 * 86400, by="jobs")
+    assert len(by_jobs) >= len(window)
+    with pytest.raises(ValueError, match="length_s"):
+        busiest_window(philly, 0)
+    with pytest.raises(ValueError, match="no duration"):
+        busiest_window([TraceJob("a", 0.0, 1)], 10.0)
+
+
+def test_busiest_window_small_case():
+    jobs = [TraceJob("a", 0.0, 1, duration_s=10.0), TraceJob("b", 5.0, 2, duration_s=100.0),
+            TraceJob("c", 9.0, 1, duration_s=1.0), TraceJob("d", 30.0, 8, duration_s=100.0),
+            TraceJob("e", 41.0, 1, duration_s=1.0)]
+    start, win = busiest_window(jobs, 10.0)        # d alone: 800 GPU-s > a+b+c: 211
+    assert start == 30.0 and [(j.name, j.arrival_s) for j in win] == [("d", 0.0)]
+    start, win = busiest_window(jobs, 10.0, by="jobs")
+    assert start == 0.0 and [j.name for j in win] == ["a", "b", "c"]
+    start, win = busiest_window(jobs, 6.0)         # [0, 6) holds a and b; [5, 11) b and c
+    assert start == 30.0
+    assert busiest_window([], 10.0) == (0.0, [])
+
+
+@pytest.mark.parametrize("bad,field,value", [
+    ("2017-10-09 07:01,66.0,1,66.0,x", "timestamp", "2017-10-09 07:01"),
+    ("2017-10-09 07:01:55,abc,1,66.0,x", "duration", "abc"),
+    ("2017-10-09 07:01:55,66.0,0,0.0,x", "num_gpus", "0"),
+    ("2017-10-09 07:01:55,66.0,2,66.0,x", "gpu_time", "66.0"),
+    ("2017-10-09 07:01:55,nan,1,66.0,x", "duration", "nan"),
+])
+def test_philly_refuses_a_malformed_row(tmp_path, bad, field, value):
+    f = tmp_path / "philly.csv"
+    f.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n"
+                 "2017-10-09 07:00:00,60.0,1,60.0,x\n" + bad + "\n")
+    with pytest.raises(TraceError) as err:
+        load_philly(f)
+    assert f"{f}:3: field {field}={value!r}" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- Gavel
+
+
+@need_shared
+def test_gavel_traces_load_per_seed_and_vc():
+    jobs = load_gavel(SHARED / "gavel" / "philly_msr_vc_traces.csv.gz", seed=0)
+    assert len(jobs) == 15264
+    assert all(j.total_steps >= 1 and j.gpus >= 1 and j.group for j in jobs)
+    assert {j.model for j in jobs} >= {"ResNet-50", "Transformer", "A3C", "CycleGAN"}
+    assert all(j.batch_size is None for j in jobs if j.model in ("A3C", "CycleGAN"))
+    assert max(j.arrival_s for j in jobs) > 100 * 86400
+    first = next(j for j in jobs if j.name == "0e4a51-0")
+    assert (first.model, first.batch_size, first.total_steps, first.gpus, first.arrival_s) == \
+        ("Transformer", 128, 95121, 1, 0.0)
+    seed1 = load_gavel(SHARED / "gavel" / "philly_msr_vc_traces.csv.gz", seed=1, vc="0e4a51")
+    assert 0 < len(seed1) <= 2000 and all(j.group == "0e4a51" for j in seed1)
+    same = [j for j in jobs if j.group == "0e4a51"]
+    assert [(j.arrival_s, j.gpus) for j in seed1] == [(j.arrival_s, j.gpus) for j in same]
+
+
+def test_gavel_refuses_a_malformed_row(tmp_path):
+    f = tmp_path / "g.csv.gz"
+    head = ("seed,vc,line_no,job_type,num_steps_arg,needs_data_dir,total_steps,"
+            "arrival_time_s,scale_factor\n")
+    with gzip.open(f, "wt") as fh:
+        fh.write(head + "0,v,0,LM (batch size 5),-n,1,100,0.0,1\n"
+                 "0,v,1,LM (batch size 5),-n,1,100,12.5,two\n")
+    with pytest.raises(TraceError, match=r"g.csv.gz:3: field scale_factor='two': not an integer"):
+        load_gavel(f)
+
+
+# ----------------------------------------------------------------------------- SWF
+
+
+@need_shared
+def test_swf_log_loads():
+    jobs, skipped = load_swf(SHARED / "pwa_swf" / "NASA-iPSC-1993-3.1-cln.swf.gz")
+    assert len(jobs) + skipped == 18239 and skipped == 0
+    assert jobs[0] == TraceJob(name="1", arrival_s=0.0, gpus=128, duration_s=1451.0, group="u1")
+    assert max(j.gpus for j in jobs) == 128
+    assert 90 * 86400 < jobs[-1].arrival_s < 93 * 86400
+
+
+@pytest.mark.parametrize("row,problem", [
+    ("3 10 -1 100 4 -1 -1 -1 -1 -1 -1 1 1 -1 -1 -1 -1", "expected 18 fields, got 17"),
+    ("3 10 -1 1x0 4 -1 -1 -1 -1 -1 -1 1 1 -1 -1 -1 -1 -1", "field run_time='1x0': not a number"),
+    ("3 10 -1 100 -4 -1 -1 -1 -1 -1 -1 1 1 -1 -1 -1 -1 -1",
+     "field alloc_procs='-4': must be >= 0 or -1"),
+    ("3 10 -1 100 4.5 -1 -1 -1 -1 -1 -1 1 1 -1 -1 -1 -1 -1",
+     "field alloc_procs='4.5': not an integer"),
+])
+def test_swf_refuses_a_malformed_row(tmp_path, row, problem):
+    f = tmp_path / "log.swf"
+    f.write_text("; Version: 2.2\n;\n1 0 5 100 4 -1 -1 4 -1 -1 1 1 1 -1 -1 -1 -1 -1\n" + row + "\n")
+    with pytest.raises(TraceError) as err:
+        load_swf(f)
+    assert f"{f}:4" in str(err.value) and problem in str(err.value)
+
+
+def test_swf_unknown_fields_fall_back_or_skip(tmp_path):
+    f = tmp_path / "log.swf"
+    f.write_text("1 100 5 100 -1 -1 -1 8 -1 -1 1 3 1 -1 -1 -1 -1 -1\n"   # requested procs used
+                 "2 200 5 -1 4 -1 -1 4 -1 -1 1 3 1 -1 -1 -1 -1 -1\n")  # unknown run time: skip
+    jobs, skipped = load_swf(f)
+    assert skipped == 1
+    assert jobs == [TraceJob(name="1", arrival_s=0.0, gpus=8, duration_s=100.0, group="u3")]
+
+
+# ----------------------------------------------------------------------------- sacct
+
+
+@need_shared
+def test_nrel_eagle_sacct_csv_loads():
+    jobs, skipped = load_sacct(SHARED / "nrel_eagle_slurm" / "sample_eagle_data.csv")
+    assert len(jobs) + skipped == 1000 and skipped == 0
+    assert sum(1 for j in jobs if j.gpus > 0) == 4
+    assert len({j.name for j in jobs}) == 1000        # repeated ids made unique
+    assert any(j.name == "532939#2" for j in jobs)
+    assert all(j.nodes >= 1 and j.duration_s >= 0 and j.group for j in jobs)
+    assert jobs[0].arrival_s == 0.0 and jobs[-1].arrival_s < 3 * 86400
+
+
+SACCT_P = """JobID|JobName|Partition|Submit|Start|End|Elapsed|NNodes|AllocTRES|State|
+100|train|gpu|2024-03-01T10:00:00|2024-03-01T10:00:05|2024-03-01T12:00:05|02:00:00|2|billing=8,cpu=8,gres/gpu=8,mem=64G,node=2|COMPLETED|
+100.batch|batch||2024-03-01T10:00:05|2024-03-01T10:00:05|2024-03-01T12:00:05|02:00:00|1|cpu=4,gres/gpu=4,mem=32G,node=1|COMPLETED|
+101_3|sweep|gpu|2024-03-01T10:30:00|2024-03-01T10:31:00|2024-03-02T11:31:00|1-01:00:00|1|cpu=2,gres/gpu:a100=2,node=1|COMPLETED|
+102|cpujob|cpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:10:30|10:30|1|cpu=1,node=1|FAILED|
+103|never|gpu|2024-03-01T11:05:00|Unknown|Unknown|00:00:00|1||CANCELLED by 0|
+"""
+
+
+def test_sacct_pipe_text_loads_jobs_and_skips_steps_and_unstarted(tmp_path):
+    f = tmp_path / "sacct.txt"
+    f.write_text(SACCT_P)
+    jobs, skipped = load_sacct(f)
+    assert skipped == 1
+    assert [(j.name, j.arrival_s, j.gpus, j.duration_s, j.nodes, j.group) for j in jobs] == [
+        ("100", 0.0, 8, 7200.0, 2, "gpu"),
+        ("101_3", 1800.0, 2, 90000.0, 1, "gpu"),
+        ("102", 3600.0, 0, 630.0, 1, "cpu")]
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("104|x|gpu|2024-03-01 11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|node=1|OK|",
+     "field Submit='2024-03-01 11:00:00'"),
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|9 sec|1|node=1|OK|",
+     "field Elapsed='9 sec'"),
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|one|node=1|OK|",
+     "field NNodes='one'"),
+    ("job104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1||OK|",
+     "field JobID='job104'"),
+    ("104|x|gpu|2024-03-01T11:00:00", "expected 10 fields, got 4"),
+])
+def test_sacct_pipe_text_refuses_a_malformed_row(tmp_path, line, problem):
+    f = tmp_path / "sacct.txt"
+    f.write_text(SACCT_P + line + "\n")
+    with pytest.raises(TraceError) as err:
+        load_sacct(f)
+    assert f"{f}:7" in str(err.value) and problem in str(err.value)
+
+
+def test_sacct_json_in_22_05_and_23_11_shapes(tmp_path):
+    def num(v):
+        return {"set": True, "infinite": False, "number": v}
+
+    doc = {"meta": {}, "errors": [], "jobs": [
+        {"job_id": 200, "name": "a", "partition": "gpu", "allocation_nodes": 2,
+         "time": {"submission": 1000, "start": 1010, "end": 4610, "elapsed": 3600},
+         "tres": {"allocated": [{"type": "cpu", "count": 8},
+                                {"type": "gres", "name": "gpu", "count": 8}]}},
+        {"job_id": 202, "name": "b", "partition": "gpu", "allocation_nodes": num(1),
+         "array": {"job_id": 201, "task_id": num(4)},
+         "time": {"submission": num(1600), "start": num(1700), "end": num(1760),
+                  "elapsed": 60},
+         "tres": {"allocated": [], "requested": [{"type": "gres", "name": "gpu:a100",
+                                                  "count": 2}]}},
+        {"job_id": 203, "name": "pending", "time": {"submission": 1700, "start": 0, "end": 0}},
+    ]}
+    f = tmp_path / "sacct.json"
+    f.write_text(json.dumps(doc))
+    jobs, skipped = load_sacct(f)
+    assert skipped == 1
+    assert [(j.name, j.arrival_s, j.gpus, j.duration_s, j.nodes) for j in jobs] == [
+        ("200", 0.0, 8, 3600.0, 2), ("201_4", 600.0, 2, 60.0, 1)]
+    doc["jobs"][0]["time"]["elapsed"] = "an hour"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"field jobs\[0\]\.time\.elapsed='an hour'"):
+        load_sacct(f)
+    f.write_text('{"jobs": [')
+    with pytest.raises(TraceError, match="not valid JSON"):
+        load_sacct(f)
+    f.write_text('{"meta": {}}')
+    with pytest.raises(TraceError, match="'jobs' list"):
+        load_sacct(f)
+
+
+def test_sacct_unknown_format_and_eagle_csv_malformed(tmp_path):
+    f = tmp_path / "x.csv"
+    f.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(TraceError, match="not sacct --json, sacct -P text"):
+        load_sacct(f)
+    src = (SHARED / "nrel_eagle_slurm" / "sample_eagle_data.csv")
+    if not src.exists():
+        pytest.skip("the shared data folder /work/shared/data is not here")
+    lines = src.read_text().splitlines()[:4]
+    cells = lines[3].split(",")
+    cells[8] = "-2"   # gpus_req
+    lines[3] = ",".join(cells)
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=r"x.csv:4: field gpus_req='-2': must be >= 0"):
+        load_sacct(f)
+
+
+def test_trace_job_gpu_time():
+    assert TraceJob("a", 0.0, 4, duration_s=10.0).gpu_time_s == 40.0
+    assert TraceJob("a", 0.0, 4).gpu_time_s is None
+    assert math.isfinite(TraceJob("a", 1.5, 0, duration_s=0.0).gpu_time_s)

@@ -1,0 +1,140 @@
+"""Engine setup on real SQLite files: pragmas, file modes, read-only sessions, typed errors."""
+
+from __future__ import annotations
+
+import os
+import stat
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from malleable.config import Config, DatabaseConfig
+from malleable.db.engine import (
+    describe_url,
+    engine_from_config,
+    make_engine,
+    session_factory,
+    sqlite_path,
+)
+from malleable.db.errors import DatabaseUnavailable
+from malleable.db.types import from_micros, to_micros
+
+
+def test_pragmas_on_every_connection(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path}/a.db", busy_timeout_ms=1234)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1234
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        conn.rollback()
+    engine.dispose()
+
+
+def test_file_created_0600_in_new_0700_directory(tmp_path):
+    db = tmp_path / "deep" / "er" / "m.db"
+    old = os.umask(0)  # even with a permissive umask
+    try:
+        engine = make_engine(f"sqlite:///{db}")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (x)")
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+            for f in (db, db.with_name("m.db-wal"), db.with_name("m.db-shm")):
+                assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+        assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+        engine.dispose()
+    finally:
+        os.umask(old)
+
+
+def test_existing_file_mode_is_left_alone(tmp_path):
+    db = tmp_path / "m.db"
+    db.touch(mode=0o640)
+    os.chmod(db, 0o640)
+    make_engine(f"sqlite:///{db}").dispose()
+    assert stat.S_IMODE(db.stat().st_mode) == 0o640
+
+
+def test_missing_file_without_create(tmp_path):
+    with pytest.raises(DatabaseUnavailable) as ei:
+        make_engine(f"sqlite:///{tmp_path}/none.db", create=False)
+    assert str(ei.value).startswith(f"{tmp_path}/none.db: no such database file")
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_not_a_database(tmp_path):
+    db = tmp_path / "junk.db"
+    db.write_bytes(b"this is a text file, not SQLite\n" * 200)
+    with pytest.raises(DatabaseUnavailable) as ei:
+        make_engine(f"sqlite:///{db}")
+    assert str(ei.value) == f"{db}: not an SQLite database (file is not a database)"
+    assert ei.value.where == str(db)
+
+
+def test_directory_instead_of_file(tmp_path):
+    with pytest.raises(DatabaseUnavailable, match="is a directory"):
+        make_engine(f"sqlite:///{tmp_path}")
+
+
+def test_bad_urls():
+    with pytest.raises(DatabaseUnavailable, match="not a valid SQLAlchemy URL"):
+        make_engine("no url at all")
+    with pytest.raises(DatabaseUnavailable, match="no driver for nosuchdb"):
+        make_engine("nosuchdb://x/y")
+
+
+def test_unreachable_postgresql_hides_password():
+    with pytest.raises(DatabaseUnavailable) as ei:
+        make_engine("postgresql+psycopg://u:secret@127.0.0.1:1/db")
+    msg = str(ei.value)
+    assert "secret" not in msg and "u:***@127.0.0.1:1/db" in msg
+    assert "\n" not in msg
+
+
+def test_describe_and_path():
+    assert describe_url("sqlite:////var/lib/m.db") == "/var/lib/m.db"
+    assert str(sqlite_path("sqlite:////var/lib/m.db")) == "/var/lib/m.db"
+    assert sqlite_path("sqlite://") is None
+    assert sqlite_path("postgresql+psycopg://h/db") is None
+    assert describe_url("postgresql+psycopg://a:b@h/db") == "postgresql+psycopg://a:***@h/db"
+
+
+def test_engine_from_config_uses_url_and_timeout(tmp_path):
+    cfg = Config(database=DatabaseConfig(url=f"sqlite:///{tmp_path}/c.db", busy_timeout_ms=777))
+    engine = engine_from_config(cfg)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 777
+        conn.rollback()
+    engine.dispose()
+    other = engine_from_config(cfg.database, url=f"sqlite:///{tmp_path}/d.db")
+    assert other.url.database == f"{tmp_path}/d.db"
+    other.dispose()
+
+
+def test_readonly_session_cannot_write_and_takes_no_write_lock(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path}/r.db")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x)")
+    writer = session_factory(engine)()
+    writer.begin()
+    writer.execute(text("INSERT INTO t VALUES (1)"))  # holds the write lock (BEGIN IMMEDIATE)
+    reader = session_factory(engine, readonly=True)()
+    # A read-only transaction starts and reads while the writer holds the lock.
+    assert reader.execute(text("SELECT count(*) FROM t")).scalar() == 0
+    with pytest.raises(OperationalError, match="readonly"):
+        reader.execute(text("INSERT INTO t VALUES (2)"))
+    reader.close()
+    writer.commit()
+    writer.close()
+    engine.dispose()
+
+
+def test_utc_datetime_round_trip_and_naive_refused():
+    t = datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=timezone(timedelta(hours=2)))
+    assert from_micros(to_micros(t)) == t
+    assert from_micros(to_micros(t)).tzinfo == UTC
+    assert to_micros(datetime(1970, 1, 1, tzinfo=UTC)) == 0
+    with pytest.raises(ValueError, match="naive datetime"):
+        to_micros(datetime(2026, 1, 1))

@@ -1,0 +1,83 @@
+"""The single-daemon lease on SQLite, with the caller's clock."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import delete
+
+from malleable.db import schema
+from malleable.db.engine import make_engine
+from malleable.db.errors import LeaseHeld, LeaseLost
+from malleable.db.lease import (
+    acquire_lease,
+    default_holder,
+    heartbeat_lease,
+    read_lease,
+    release_lease,
+)
+from malleable.db.models import Lease
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+TIMEOUT = 300.0
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = make_engine(f"sqlite:///{tmp_path}/l.db")
+    schema.upgrade(eng)
+    yield eng
+    eng.dispose()
+
+
+def test_default_holder_is_host_pid():
+    assert default_holder() == f"{socket.gethostname()}:{os.getpid()}"
+
+
+def test_acquire_free_then_second_daemon_refused(engine):
+    info = acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
+    assert (info.holder, info.acquired_at, info.heartbeat_at) == ("a:1", T0, T0)
+    with pytest.raises(LeaseHeld) as ei:
+        acquire_lease(engine, "b:2", timeout_s=TIMEOUT, now=T0 + timedelta(seconds=42))
+    assert ei.value.holder == "a:1" and ei.value.heartbeat_at == T0
+    assert str(ei.value).startswith("another malleable daemon holds the lease: a:1, "
+                                    "last heartbeat 2026-01-01T00:00:00+00:00 (42 s ago")
+    assert read_lease(engine).holder == "a:1"
+
+
+def test_reacquire_by_same_holder_and_heartbeat_keeps_it_fresh(engine):
+    acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
+    acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0 + timedelta(seconds=10))
+    heartbeat_lease(engine, "a:1", now=T0 + timedelta(seconds=290))
+    with pytest.raises(LeaseHeld):   # 590 s after acquiring, but only 300 s after heartbeat
+        acquire_lease(engine, "b:2", timeout_s=TIMEOUT, now=T0 + timedelta(seconds=590))
+    assert read_lease(engine).heartbeat_at == T0 + timedelta(seconds=290)
+
+
+def test_stale_lease_is_taken_over_and_old_holder_learns_it(engine):
+    acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
+    late = T0 + timedelta(seconds=TIMEOUT + 1)
+    assert read_lease(engine).is_stale(late, TIMEOUT)
+    info = acquire_lease(engine, "b:2", timeout_s=TIMEOUT, now=late)
+    assert info.holder == "b:2" and info.acquired_at == late
+    with pytest.raises(LeaseLost, match="lease of a:1 lost: it is now held by b:2"):
+        heartbeat_lease(engine, "a:1", now=late)
+    assert not release_lease(engine, "a:1")        # cannot release what it lost
+    assert read_lease(engine).holder == "b:2"
+
+
+def test_release_frees_the_lease(engine):
+    acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
+    assert release_lease(engine, "a:1")
+    assert read_lease(engine).holder is None
+    assert acquire_lease(engine, "b:2", timeout_s=TIMEOUT, now=T0).holder == "b:2"
+
+
+def test_missing_row_is_recreated(engine):
+    with engine.begin() as conn:
+        conn.execute(delete(Lease))
+    assert read_lease(engine).holder is None
+    assert acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0).holder == "a:1"

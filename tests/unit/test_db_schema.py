@@ -1,0 +1,159 @@
+"""Schema versions on SQLite: check_schema, prepare_schema, and models == migrations."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+
+import malleable.db.migrations as migrations_pkg
+from malleable import __version__
+from malleable.db import schema
+from malleable.db.engine import make_engine
+from malleable.db.errors import (
+    NotMalleableDatabase,
+    SchemaMissing,
+    SchemaTooNew,
+    SchemaTooOld,
+    StoreError,
+)
+from malleable.db.models import Base
+
+# The newest revision this malleable ships (the test revision 9001 goes on top of it).
+SHIPPED = schema.head_revision()
+SHIPPED_ALL = schema.known_revisions()
+
+EXTRA_REVISION = '''"""test-only revision on top of the shipped head"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "9001"
+down_revision = "{head}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.add_column("jobs", sa.Column("test_only", sa.Integer(), nullable=True))
+
+
+def downgrade():
+    with op.batch_alter_table("jobs") as b:
+        b.drop_column("test_only")
+'''
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = make_engine(f"sqlite:///{tmp_path}/s.db")
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def newer_malleable(tmp_path, monkeypatch):
+    """A copy of the migrations with one more revision: plays a newer malleable."""
+    src = Path(migrations_pkg.__file__).parent
+    dst = tmp_path / "newer_migrations"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "versions" / "9001_test_only.py").write_text(
+        EXTRA_REVISION.format(head=schema.head_revision()))
+
+    def use(newer: bool) -> None:
+        monkeypatch.setattr(schema, "MIGRATIONS", str(dst) if newer else "malleable.db:migrations")
+    return use
+
+
+def test_empty_database(engine):
+    st = schema.schema_status(engine)
+    assert st.empty and st.current is None and st.head == schema.head_revision()
+    with pytest.raises(SchemaMissing, match="run `malleable db upgrade`"):
+        schema.check_schema(engine)
+    with pytest.raises(SchemaMissing):
+        schema.prepare_schema(engine, create_if_empty=False)
+
+
+def test_daemon_creates_schema_in_empty_database(engine):
+    assert schema.prepare_schema(engine) == schema.head_revision()
+    st = schema.schema_status(engine)
+    assert st.up_to_date and st.written_by == __version__
+    assert schema.check_schema(engine) == schema.head_revision()
+
+
+def test_migrations_match_models(engine):
+    schema.upgrade(engine)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
+                                Base.metadata)
+        conn.rollback()
+    assert diff == []
+
+
+def test_older_schema_is_refused_with_upgrade_hint(engine, newer_malleable):
+    schema.upgrade(engine)                        # this malleable's head
+    newer_malleable(True)                         # now a newer malleable starts
+    with pytest.raises(SchemaTooOld) as ei:
+        schema.check_schema(engine)
+    assert ei.value.found == SHIPPED and ei.value.expected == "9001"
+    assert "run `malleable db upgrade`" in str(ei.value)
+    with pytest.raises(SchemaTooOld):
+        schema.prepare_schema(engine)             # the daemon never upgrades on its own
+    assert schema.upgrade(engine) == (SHIPPED, "9001")
+    assert schema.check_schema(engine) == "9001"
+
+
+def test_newer_schema_is_refused_naming_revision_and_writer(engine, newer_malleable):
+    newer_malleable(True)
+    schema.upgrade(engine)
+    with engine.begin() as conn:   # pretend the newer malleable had a newer version number
+        conn.execute(text("UPDATE settings SET value = '\"9.9.9\"' "
+                          "WHERE key = 'schema.written_by'"))
+    newer_malleable(False)
+    for call in (schema.check_schema, schema.prepare_schema, schema.upgrade):
+        with pytest.raises(SchemaTooNew) as ei:
+            call(engine)
+        msg = str(ei.value)
+        assert "schema revision 9001" in msg and "malleable 9.9.9" in msg and "newer" in msg
+        assert ei.value.found == "9001" and ei.value.written_by == "9.9.9"
+    with pytest.raises(SchemaTooNew):
+        schema.downgrade(engine, "base")
+
+
+def test_foreign_tables_are_not_a_malleable_database(engine):
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE other_app (x)"))
+    with pytest.raises(NotMalleableDatabase, match="no malleable schema version"):
+        schema.check_schema(engine)
+
+
+def test_upgrade_downgrade_errors(engine, newer_malleable):
+    assert schema.downgrade(engine, "base") == (None, None)
+    with pytest.raises(StoreError, match="unknown revision 'nope'"):
+        schema.upgrade(engine, "nope")
+    newer_malleable(True)
+    schema.upgrade(engine, SHIPPED)
+    with pytest.raises(StoreError, match="newer than the current"):
+        schema.downgrade(engine, "9001")
+    schema.upgrade(engine)
+    with pytest.raises(StoreError, match="older than the current"):
+        schema.upgrade(engine, SHIPPED)
+    assert schema.downgrade(engine, SHIPPED) == ("9001", SHIPPED)
+    assert schema.known_revisions() == [*SHIPPED_ALL, "9001"]
+
+
+def test_migrations_ship_in_the_package_without_alembic_ini():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["*"]
+    assert "*.mako" in patterns                      # script.py.mako; .py files are packages
+    mig = Path(migrations_pkg.__file__).parent
+    for f in ("__init__.py", "env.py", "script.py.mako", "versions/__init__.py"):
+        assert (mig / f).is_file(), f
+    assert not list(mig.rglob("alembic.ini"))
+    assert schema.known_revisions()[0] == "0001"

@@ -1,0 +1,270 @@
+"""The repository API on a real SQLite database migrated to head."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from malleable.db import schema, store
+from malleable.db.engine import make_engine, session_factory
+from malleable.db.models import Action, Job, JobEvent, ProgressSample, Target
+from malleable.slurm.records import JobState, SlurmJob
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = make_engine(f"sqlite:///{tmp_path}/store.db")
+    schema.upgrade(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def Session(engine):
+    return session_factory(engine)
+
+
+def sj(job_id: str, state=JobState.PENDING, gpus=4, nodes=1, comment="", restarts=0, **kw):
+    return SlurmJob(job_id=job_id, job_id_num=int(job_id.split("_")[0]), state=state, gpus=gpus,
+                    node_count=nodes, gpus_per_node=gpus // max(nodes, 1), comment=comment,
+                    restart_count=restarts, user="alice", uid=1000, partition="gpu", **kw)
+
+
+def parse(comment: str):
+    if not comment.startswith("malleable:"):
+        return None
+    body = comment.split(":", 1)[1]
+    if body == "bad":
+        raise ValueError("malleable spec: gpus = 'x': expected a range like 1-8")
+    lo, hi = body.split("-")
+    return {"min_gpus": int(lo), "max_gpus": int(hi)}
+
+
+def test_upsert_records_new_state_size_and_restart_events(Session):
+    with Session() as s, s.begin():
+        r = store.upsert_jobs(s, [sj("101", comment="malleable:1-8"), sj("102_3")], T0,
+                              parse_spec=parse)
+        assert (r.new, r.changed, r.events) == (2, 0, 2)
+        assert set(r.ids) == {"101", "102_3"}
+    t1 = T0 + timedelta(seconds=30)
+    with Session() as s, s.begin():
+        r = store.upsert_jobs(s, [sj("101", JobState.RUNNING, gpus=8, nodes=2,
+                                     comment="malleable:1-8", restarts=1),
+                                  sj("102_3")], t1, parse_spec=parse)
+        assert (r.new, r.changed, r.events) == (0, 1, 3)
+    with Session() as s:
+        job = store.get_job(s, "101")
+        assert job.state == "RUNNING" and (job.gpus, job.nodes, job.gpus_per_node) == (8, 2, 4)
+        assert job.malleable and job.spec == {"min_gpus": 1, "max_gpus": 8}
+        assert job.spec_text == "malleable:1-8" and job.spec_error is None
+        assert job.first_seen == T0 and job.last_seen == t1 and job.restart_count == 1
+        assert job.user == "alice" and job.uid == 1000 and job.partition == "gpu"
+        evs = [(e.kind, e.old_state, e.new_state, e.old_gpus, e.new_gpus, e.time)
+               for e in store.job_events(s, job.id)]
+        assert evs == [("new", None, "PENDING", None, 4, T0),
+                       ("state", "PENDING", "RUNNING", None, None, t1),
+                       ("size", None, None, 4, 8, t1),
+                       ("restart", None, None, None, None, t1)]
+        assert not store.get_job(s, "102_3").malleable
+        assert [e.kind for e in store.job_events(s, store.get_job(s, "102_3").id)] == ["new"]
+
+
+def test_bad_spec_is_stored_and_does_not_stop_the_others(Session):
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [sj("1", comment="malleable:bad"), sj("2", comment="malleable:2-4")],
+                          T0, parse_spec=parse)
+    with Session() as s:
+        bad, good = store.get_job(s, "1"), store.get_job(s, "2")
+        assert not bad.malleable and bad.spec is None and "gpus = 'x'" in bad.spec_error
+        assert good.malleable and good.spec == {"min_gpus": 2, "max_gpus": 4}
+
+
+def test_jobs_by_state_and_ids(Session):
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [sj("1", comment="malleable:1-2"), sj("2", JobState.RUNNING),
+                              sj("3", JobState.COMPLETED)], T0, parse_spec=parse)
+    with Session() as s:
+        assert [j.slurm_job_id for j in store.jobs_in_states(s, {"PENDING", "RUNNING"})] == \
+            ["1", "2"]
+        assert [j.slurm_job_id for j in store.jobs_in_states(s, {"PENDING"}, malleable=True)] \
+            == ["1"]
+        assert [j.slurm_job_id for j in store.active_jobs(s)] == ["1", "2"]
+        ids = store.job_ids(s, ["3", "1", "nope"])
+        assert set(ids) == {"1", "3"}
+
+
+def _samples(job_id: int, n: int, start=T0, every=10.0):
+    return [store.SampleIn(job_id=job_id, time=start + timedelta(seconds=every * i), step=i,
+                           samples=i * 64, gpus=4, batch_size=64, nodes=1, metric=1.0 / (i + 1),
+                           grad_sqr=0.5, grad_var=2.0) for i in range(n)]
+
+
+def test_samples_bulk_and_latest_n(Session):
+    with Session() as s, s.begin():
+        ids = store.upsert_jobs(s, [sj("1"), sj("2"), sj("3")], T0).ids
+        a, b = ids["1"], ids["2"]
+        assert store.add_progress_samples(s, _samples(a, 250)) == 250
+        assert store.add_progress_samples(s, [dict(job_id=b, time=T0, step=7, samples=1, gpus=1,
+                                                   batch_size=8)]) == 1
+        assert store.add_progress_samples(s, []) == 0
+    with Session() as s:
+        got = store.latest_samples(s, [a, b, ids["3"]], 100)
+        assert [r.step for r in got[a]] == list(range(150, 250))
+        assert got[a][-1].time == T0 + timedelta(seconds=2490)
+        assert got[a][0].grad_var == 2.0 and got[a][0].nodes == 1
+        assert [r.step for r in got[b]] == [7] and got[b][0].metric is None
+        assert got[ids["3"]] == []
+        assert store.count_samples(s) == 251 and store.count_samples(s, a) == 250
+        with pytest.raises(ValueError, match="n = 0"):
+            store.latest_samples(s, [a], 0)
+
+
+def test_sample_for_unknown_job_and_naive_time_refused(Session):
+    with Session() as s, pytest.raises(IntegrityError), s.begin():
+        store.add_progress_samples(s, _samples(999, 1))
+    with Session() as s, pytest.raises(Exception, match="naive datetime"), s.begin():
+        jid = store.upsert_jobs(s, [sj("1")], T0).ids["1"]
+        store.add_progress_samples(s, [dict(job_id=jid, time=datetime(2026, 1, 1), step=0,
+                                            samples=0, gpus=1, batch_size=1)])
+
+
+def test_decision_with_targets_and_estimates(Session):
+    with Session() as s, s.begin():
+        ids = store.upsert_jobs(s, [sj("1"), sj("2")], T0).ids
+        d = store.record_decision(
+            s, time=T0, policy="hesrpt", params={"p": 0.7}, inputs_digest="abc", objective=12.5,
+            duration_s=0.03, dry_run=True,
+            targets=[store.TargetIn(ids["1"], 8, 256, "largest share"),
+                     store.TargetIn(ids["2"], 0, None, "waits")])
+        store.record_estimate(s, job_id=ids["1"], time=T0, model="amdahl", params={"p": 0.5},
+                              remaining_work=1e6, remaining_work_sd=1e5)
+        store.record_estimate(s, job_id=ids["1"], time=T0 + timedelta(minutes=1),
+                              model="amdahl", params={"p": 0.6}, remaining_work=9e5,
+                              remaining_work_sd=8e4, flags={"extrapolated": True})
+    with Session() as s:
+        latest = store.latest_decision(s)
+        assert latest.id == d.id and latest.dry_run and latest.params == {"p": 0.7}
+        assert sorted((t.gpus, t.batch_size, t.reason) for t in latest.targets) == \
+            [(0, None, "waits"), (8, 256, "largest share")]
+        est = store.latest_estimates(s, [ids["1"], ids["2"]])
+        assert list(est) == [ids["1"]] and est[ids["1"]].params == {"p": 0.6}
+        assert est[ids["1"]].flags == {"extrapolated": True}
+    with Session() as s, pytest.raises(IntegrityError), s.begin():
+        store.record_decision(s, time=T0, policy="x", params={}, inputs_digest="", objective=None,
+                              duration_s=0, dry_run=False,
+                              targets=[store.TargetIn(ids["1"], 1), store.TargetIn(ids["1"], 2)])
+    with Session() as s, pytest.raises(ValueError, match="gpus = -1"):
+        store.record_decision(s, time=T0, policy="x", params={}, inputs_digest="", objective=None,
+                              duration_s=0, dry_run=False, targets=[store.TargetIn(ids["1"], -1)])
+
+
+def test_action_lifecycle(Session):
+    with Session() as s, s.begin():
+        jid = store.upsert_jobs(s, [sj("1", JobState.RUNNING)], T0).ids["1"]
+        a = store.create_action(s, job_id=jid, kind="requeue", state="signal", from_gpus=4,
+                                to_gpus=8, from_nodes=1, to_nodes=2, now=T0,
+                                restart_count_at_start=0)
+        b = store.create_action(s, job_id=jid, kind="hold", state="hold", to_gpus=0, now=T0)
+    t1 = T0 + timedelta(seconds=5)
+    with Session() as s, s.begin():
+        store.update_action(s, a.id, now=t1, state="wait_checkpoint", add_attempt=True,
+                            signalled_at=t1, last_error="Slurm said no",
+                            next_attempt_at=t1 + timedelta(seconds=60))
+        store.update_action(s, b.id, now=t1, state="done", finished=True)
+        assert [x.id for x in store.unfinished_actions(s)] == [a.id]
+    with Session() as s:
+        got = s.get(Action, a.id)
+        assert (got.state, got.attempts, got.signalled_at, got.updated_at, got.created_at) == \
+            ("wait_checkpoint", 1, t1, t1, T0)
+        assert got.last_error == "Slurm said no" and got.finished_at is None
+        assert s.get(Action, b.id).finished_at == t1
+        assert store.unfinished_actions(s, job_id=jid)[0].id == a.id
+        with pytest.raises(LookupError, match="action 999"):
+            store.update_action(s, 999, now=t1)
+        with pytest.raises(ValueError, match="to_gpus = -2"):
+            store.create_action(s, job_id=jid, kind="shrink", state="shrink", to_gpus=-2, now=t1)
+
+
+def test_settings_pause_and_policy(Session):
+    with Session() as s:
+        assert store.get_setting(s, "missing", 5) == 5
+        assert not store.is_paused(s)
+        assert store.active_policy(s, "default", {"a": 1}) == ("default", {"a": 1})
+    with Session() as s, s.begin():
+        store.set_paused(s, True, T0)
+        store.set_policy(s, "hesrpt", {"p": 0.7}, T0)
+        store.set_setting(s, "x", {"nested": [1, 2]}, T0)
+        store.set_setting(s, "x", [3], T0)
+    with Session() as s:
+        assert store.is_paused(s)
+        assert store.active_policy(s, "default") == ("hesrpt", {"p": 0.7})
+        assert store.get_setting(s, "x") == [3]
+
+
+def test_progress_file_offsets_and_rejections(Session):
+    with Session() as s, s.begin():
+        jid = store.upsert_jobs(s, [sj("1")], T0).ids["1"]
+        assert store.get_progress_file(s, jid) is None
+        store.save_progress_file(s, job_id=jid, path="/spool/1.jsonl", device=2049, inode=77,
+                                 offset=100, size=120, now=T0, accepted=3,
+                                 rejected={"not_json": 1})
+        pf = store.save_progress_file(s, job_id=jid, path="/spool/1.jsonl", device=2049,
+                                      inode=77, offset=220, size=220, now=T0, accepted=2,
+                                      rejected={"not_json": 2, "future_time": 1})
+        assert (pf.offset, pf.size, pf.lines_accepted) == (220, 220, 5)
+        assert pf.rejected == {"not_json": 3, "future_time": 1}
+        with pytest.raises(ValueError, match="offset = -1"):
+            store.save_progress_file(s, job_id=jid, path="p", device=None, inode=None,
+                                     offset=-1, size=0, now=T0)
+
+
+def test_deleting_a_job_cascades_to_its_rows(Session):
+    with Session() as s, s.begin():
+        jid = store.upsert_jobs(s, [sj("1")], T0).ids["1"]
+        store.add_progress_samples(s, _samples(jid, 3))
+        store.record_decision(s, time=T0, policy="x", params={}, inputs_digest="",
+                              objective=None, duration_s=0, dry_run=False,
+                              targets=[store.TargetIn(jid, 1)])
+        store.create_action(s, job_id=jid, kind="hold", state="hold", to_gpus=0, now=T0)
+    with Session() as s, s.begin():
+        s.delete(s.get(Job, jid))
+    with Session() as s:
+        for model in (JobEvent, ProgressSample, Target, Action):
+            assert s.scalars(select(model)).first() is None, model
+
+
+def test_attained_service_accrues_while_running_and_arrival_survives_requeue(Session):
+    submit = T0 - timedelta(seconds=100)
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [sj("301", submit_time=submit)], T0)
+    steps = [  # (seconds after T0, state, gpus, Slurm's submit time after a requeue)
+        (30, JobState.RUNNING, 4, submit),       # started between polls: nothing yet
+        (90, JobState.RUNNING, 4, submit),       # 60 s x 4 GPUs
+        (120, JobState.PENDING, 8, T0 + timedelta(seconds=110)),  # requeued: 30 s x 4 more
+        (300, JobState.PENDING, 8, T0 + timedelta(seconds=110)),  # pending accrues nothing
+        (330, JobState.RUNNING, 8, T0 + timedelta(seconds=110)),
+        (360, JobState.RUNNING, 8, T0 + timedelta(seconds=110)),  # 30 s x 8
+    ]
+    for dt, state, gpus, st in steps:
+        with Session() as s, s.begin():
+            store.upsert_jobs(s, [sj("301", state, gpus=gpus, nodes=gpus // 4,
+                                     submit_time=st)], T0 + timedelta(seconds=dt))
+    with Session() as s:
+        job = store.get_job(s, "301")
+        assert job.attained_gpu_s == pytest.approx(60 * 4 + 30 * 4 + 30 * 8)
+        assert job.arrival_time == submit          # not Slurm's reset submit time
+        assert job.submit_time == T0 + timedelta(seconds=110)
+
+
+def test_samples_carry_their_run(Session):
+    with Session() as s, s.begin():
+        jid = store.upsert_jobs(s, [sj("401")], T0).ids["401"]
+        store.add_progress_samples(s, [store.SampleIn(jid, T0, 10, 320, 4, 32, restart=2)])
+    with Session() as s:
+        (row,) = store.latest_samples(s, [jid], 5)[jid]
+        assert row.restart == 2

@@ -1,0 +1,139 @@
+"""The cycle from samples to the SpeedupTable: shapes, feasibility, priors, warm start."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from malleable.estimators import (
+    EstimatorState,
+    ProgressBatch,
+    SpeedupTable,
+    ThroughputParams,
+    candidate_grid,
+    cycle,
+    estimate,
+    feasible_mask,
+    nodes_for,
+    prior_from_finished,
+    speedup_table,
+)
+from tests.unit.test_estimators_state import batch_of, job_samples, specs_for
+
+P = ThroughputParams(alpha_c=0.02, beta_c=0.004, alpha_r=0.05, beta_r=0.01, alpha_n=0.3,
+                     beta_n=0.02, gamma=2.0)
+
+
+def test_table_respects_the_spec_and_batch_limits():
+    spec = specs_for(3, 32.0, min_gpus=np.array([1, 2, 4]), max_gpus=np.array([16, 8, 12]),
+                     step=np.array([1, 2, 4]), max_batch=np.array([1024.0, 32.0, 4096.0]),
+                     max_local_batch=np.array([np.nan, np.nan, 64.0]))
+    parts = [job_samples(j, [(1, 1, 32, 10), (4, 1, 128, 10), (8, 2, 256, 10)], params=P,
+                         grad=(1.0, 4.0)) for j in range(3)]
+    k = candidate_grid(spec.max_gpus, 4, 16)
+    _, est, table = cycle(EstimatorState.empty(3), batch_of(*parts), spec, k, 4)
+    np.testing.assert_array_equal(table.feasible,
+                                  feasible_mask(k, spec.min_gpus, spec.max_gpus, spec.step, 4))
+    runs = table.goodput > 0
+    assert np.all(table.batch[runs] >= 32)
+    assert np.all(table.batch[0] <= 1024) and np.all(table.batch[1][runs[1]] == 32)
+    assert np.all(table.batch[2] <= np.maximum(k, 1) * 64)
+    rt = table.remaining_time
+    want = table.remaining_work[:, None] / np.where(runs, table.goodput, 1.0)
+    np.testing.assert_allclose(rt[runs], want[runs])
+    assert np.all(np.isinf(rt[:, 0]))
+
+
+def test_nodes_for_follows_the_grid_rule():
+    assert nodes_for(np.array([0, 1, 3, 4, 8, 12]), 4).tolist() == [1, 1, 1, 1, 2, 3]
+
+
+def test_table_new_fields_have_defaults_and_shape_checks():
+    k = np.array([0, 1, 2])
+    t = SpeedupTable(k=k, feasible=np.ones((2, 3), bool), goodput=np.zeros((2, 3)),
+                     batch=np.zeros((2, 3), np.int64), remaining_work=np.zeros(2),
+                     remaining_std=np.zeros(2))
+    assert t.flags.tolist() == [0, 0] and t.goodput_std.shape == (2, 3)
+    assert np.all(np.isnan(t.speedup_exponent))
+    with pytest.raises(ValueError, match="goodput_std must have shape"):
+        SpeedupTable(k=k, feasible=np.ones((2, 3), bool), goodput=np.zeros((2, 3)),
+                     batch=np.zeros((2, 3), np.int64), remaining_work=np.zeros(2),
+                     remaining_std=np.zeros(2), goodput_std=np.zeros(3))
+
+
+def test_prior_from_finished_jobs_is_the_geometric_mean_per_group():
+    fin = ThroughputParams(*(np.array([v, 4 * v, 100 * v]) for v in P[:6]),
+                           np.array([2.0, 2.0, 3.0]))
+    prior = prior_from_finished(fin, np.array([1, 1, 2]), np.array([1, 2, 5, -1]))
+    assert prior.given.tolist() == [True, True, False, False]
+    assert float(prior.mean.alpha_c[0]) == pytest.approx(P.alpha_c * 2)    # sqrt(1 * 4)
+    assert float(prior.mean.alpha_n[1]) == pytest.approx(P.alpha_n * 100)
+    assert prior.log_sd[0, 0] == pytest.approx(np.std(np.log([1, 4]), ddof=1))
+    assert prior.log_sd[1, 0] == pytest.approx(0.2)                          # one job: floor
+
+
+def test_prior_from_finished_jobs_adds_their_posterior_variance():
+    """Law of total variance: spread of the finished jobs' u plus their mean posterior variance."""
+    fin = ThroughputParams(*(np.array([v, 4 * v, 100 * v]) for v in P[:6]),
+                           np.array([2.0, 2.0, 3.0]))
+    post = np.full((3, 7), 0.1)
+    post[:, 2] = 1.0                    # in-node sync never identified by these jobs
+    prior = prior_from_finished(fin, np.array([1, 1, 2]), np.array([1, 2]), log_sd=post)
+    between = np.var(np.log([1, 4]), ddof=1)
+    assert prior.log_sd[0, 0] == pytest.approx(np.sqrt(between + 0.01))
+    assert prior.log_sd[0, 2] == pytest.approx(np.sqrt(between + 1.0))
+    assert prior.log_sd[1, 2] == pytest.approx(1.0)                  # one job: its own sd
+    assert prior.log_sd[1, 0] == pytest.approx(0.2)                  # ... floored at min_log_sd
+    assert float(prior.mean.alpha_c[0]) == pytest.approx(P.alpha_c * 2)   # mean unchanged
+    with pytest.raises(ValueError, match="log_sd must have shape"):
+        prior_from_finished(fin, np.array([1, 1, 2]), np.array([1]), log_sd=np.ones((3, 6)))
+
+
+def test_warm_start_is_stable_without_new_samples():
+    spec = specs_for(2, 32.0)
+    b = batch_of(*[job_samples(j, [(1, 1, 32, 10), (2, 1, 64, 10)], params=P, noise=0.03,
+                               rng=np.random.default_rng(j)) for j in range(2)])
+    k = candidate_grid(np.array([8, 8]), 4, 8)
+    state, est1, t1 = cycle(EstimatorState.empty(2), b, spec, k, 4)
+    z = np.zeros(0)
+    empty = ProgressBatch(job=z, t=z, step=z, samples=z, gpus=z, nodes=z, batch=z)
+    # The first cycle re-centres the cluster default on the fitted tau once; the
+    # next settles, and from then on the fit stays put.
+    state, est2, t2 = cycle(state, empty, spec, k, 4)
+    state, est3, t3 = cycle(state, empty, spec, k, 4)
+    np.testing.assert_allclose(est3.u, est2.u, atol=1e-4)
+    np.testing.assert_allclose(t2.goodput, t1.goodput, rtol=1e-2)
+
+
+def test_estimates_expose_params_and_from_prior():
+    spec = specs_for(2, 32.0)
+    b = batch_of(job_samples(0, [(1, 1, 32, 10)], params=P))
+    state = cycle(EstimatorState.empty(2), b, spec, np.array([0, 1]), 4)[0]
+    est = estimate(state, spec)
+    assert est.from_prior.tolist() == [False, True]
+    assert est.params.alpha_c.shape == (2,)
+    table = speedup_table(est, spec, np.array([0, 1, 2]), 4)
+    assert table.from_prior.tolist() == [False, True]
+
+
+@settings(max_examples=25, deadline=None)
+@given(rate=st.floats(1e-4, 1e8), m=st.floats(1.0, 1e6), ks=st.lists(
+    st.sampled_from([1, 2, 4, 8, 16]), min_size=1, max_size=4), p=st.floats(0.0, 1.0),
+    noise=st.floats(0.0, 0.5))
+def test_extreme_but_valid_jobs_fit_to_finite_estimates(rate, m, ks, p, noise):
+    sched = [(k, 1 if k <= 4 else k // 4, m * k, 5) for k in ks]
+    b = batch_of(job_samples(0, sched, rate=lambda k, n, mm: rate * k ** p, noise=noise,
+                             rng=np.random.default_rng(0), grad=(1.0, 3.0)))
+    spec = specs_for(1, m, max_batch=np.array([m * 64]))
+    k = candidate_grid(np.array([16]), 4, 16)
+    state, est, table = cycle(EstimatorState.empty(1), b, spec, k, 4)
+    assert np.all(np.isfinite(est.u)) and np.all(np.isfinite(table.goodput))
+    assert np.all(table.goodput[0, 1:] > 0)
+    if not table.from_prior[0]:
+        # The observed configurations are reproduced within the noise.
+        c = [int(np.flatnonzero(k == kk)[0]) for kk in ks]
+        x = rate * np.array(ks, dtype=float) ** p
+        ratio = table.goodput[0, c] / x
+        assert np.all(ratio > 0.2) and np.all(ratio < 5.0)

@@ -1,0 +1,103 @@
+"""The reconciler: plan vs. observed state -> actions (pure; no Slurm needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from malleable.daemon.reconcile import ActionKind, JobView, Target, plan_actions
+from malleable.daemon.shapes import Shape, can_shrink_in_place, shape_for
+from malleable.slurm.records import JobState
+
+R, P = JobState.RUNNING, JobState.PENDING
+
+
+def kinds(actions):
+    return [(a.job_id, a.kind, a.to_gpus) for a in actions]
+
+
+def test_shapes():
+    assert shape_for(3, 4) == Shape(1, 3)
+    assert shape_for(8, 4) == Shape(2, 4)
+    with pytest.raises(ValueError, match="neither within one node nor whole nodes"):
+        shape_for(6, 4)
+    with pytest.raises(ValueError, match=">= 1"):
+        shape_for(0, 4)
+    assert can_shrink_in_place(Shape(2, 4), Shape(1, 4))
+    assert not can_shrink_in_place(Shape(1, 4), Shape(1, 2))  # GRES per node is fixed
+    assert not can_shrink_in_place(Shape(2, 4), Shape(2, 4))
+
+
+def test_pending_hold_and_admit():
+    views = [JobView("1", P, Shape(1, 4)), JobView("2", P, Shape(1, 4), held=True,
+                                                     held_by_daemon=True)]
+    actions, skipped = plan_actions(views, [Target("1", 0), Target("2", 8)], gpus_per_node=4,
+                                    free_gpus=16)
+    assert kinds(actions) == [("1", ActionKind.HOLD, 0), ("2", ActionKind.ADMIT, 8)]
+    assert actions[1].to_shape == Shape(2, 4)
+    assert skipped == []
+
+
+def test_held_by_someone_else_is_left_alone():
+    views = [JobView("1", P, Shape(1, 4), held=True, held_by_daemon=False)]
+    actions, skipped = plan_actions(views, [Target("1", 4)], gpus_per_node=4, free_gpus=16)
+    assert actions == [] and skipped[0].reason == "held by someone else"
+
+
+def test_shrink_in_place_only_when_allowed_and_possible():
+    views = [JobView("a", R, Shape(2, 4), shrink_inplace=True),
+             JobView("b", R, Shape(2, 4), shrink_inplace=False),
+             JobView("c", R, Shape(1, 4), shrink_inplace=True)]
+    actions, _ = plan_actions(views, [Target("a", 4), Target("b", 4), Target("c", 2)],
+                              gpus_per_node=4, free_gpus=0)
+    assert kinds(actions) == [("a", ActionKind.SHRINK, 4), ("b", ActionKind.REQUEUE, 4),
+                              ("c", ActionKind.REQUEUE, 2)]
+
+
+def test_shrinks_before_grows_and_grow_needs_freed_gpus():
+    views = [JobView("big", R, Shape(3, 4)), JobView("small", R, Shape(1, 4))]
+    targets = [Target("small", 8), Target("big", 8)]  # plan order: small first
+    actions, skipped = plan_actions(views, targets, gpus_per_node=4, free_gpus=0)
+    assert kinds(actions) == [("big", ActionKind.REQUEUE, 8), ("small", ActionKind.REQUEUE, 8)]
+    assert skipped == []
+    # Without the shrink there is nothing to grow into.
+    actions, skipped = plan_actions(views, [Target("small", 8)], gpus_per_node=4, free_gpus=0)
+    assert actions == [] and "needs 4 GPUs, 0 free" in skipped[0].reason
+
+
+def test_requeue_cap_counts_in_flight():
+    views = [JobView(str(i), R, Shape(2, 4)) for i in range(4)]
+    targets = [Target(str(i), 4) for i in range(4)]
+    actions, skipped = plan_actions(views, targets, gpus_per_node=4, free_gpus=0,
+                                    requeues_in_flight=1, max_requeues=3)
+    assert len(actions) == 2
+    assert [s.reason for s in skipped] == ["requeue cap reached"] * 2
+
+
+def test_busy_and_backed_off_jobs_are_skipped():
+    views = [JobView("1", R, Shape(2, 4), busy=True), JobView("2", R, Shape(2, 4),
+                                                              requeue_blocked=True)]
+    actions, skipped = plan_actions(views, [Target("1", 4), Target("2", 4)], gpus_per_node=4,
+                                    free_gpus=0)
+    assert actions == []
+    assert [s.reason for s in skipped] == ["action in flight", "requeue backed off or not allowed"]
+
+
+def test_preempt_is_requeue_to_zero():
+    actions, _ = plan_actions([JobView("1", R, Shape(1, 2))], [Target("1", 0)], gpus_per_node=4,
+                              free_gpus=0)
+    assert kinds(actions) == [("1", ActionKind.REQUEUE, 0)] and actions[0].to_shape is None
+
+
+def test_unheld_pending_job_uses_budget_before_later_admissions():
+    views = [JobView("1", P, Shape(1, 4)), JobView("2", P, Shape(1, 4), held=True,
+                                                     held_by_daemon=True)]
+    actions, skipped = plan_actions(views, [Target("1", 4), Target("2", 4)], gpus_per_node=4,
+                                    free_gpus=4)
+    assert actions == [] and "needs 4 GPUs, 0 free" in skipped[0].reason
+
+
+def test_no_action_when_plan_matches_and_unknown_jobs_ignored():
+    views = [JobView("1", R, Shape(1, 4)), JobView("2", P, Shape(1, 2))]
+    actions, skipped = plan_actions(views, [Target("1", 4), Target("2", 2), Target("9", 4)],
+                                    gpus_per_node=4, free_gpus=2)
+    assert actions == [] and skipped == []

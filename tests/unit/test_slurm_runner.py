@@ -1,0 +1,135 @@
+"""The command runner: argv lists and no shell, timeouts, retries with exponential
+back-off, and how Slurm's messages are classified.
+
+Each test runs a real child process (this Python printing what a Slurm command
+prints in that situation); the same paths against real Slurm binaries are in
+test_slurm_contract.py (unreachable controller) and test_slurm_cli.py (a
+controller that never answers).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from malleable.slurm import SlurmError, SlurmRejected, SlurmUnavailable
+from malleable.slurm.runner import CommandRunner, unavailable
+
+PY = sys.executable
+
+
+def say(stderr: str = "", stdout: str = "", code: int = 0) -> list[str]:
+    """argv of a child that prints like a Slurm command and exits with ``code``."""
+    return [PY, "-c", "import sys; sys.stdout.write(sys.argv[1]); sys.stderr.write(sys.argv[2]);"
+            " sys.exit(int(sys.argv[3]))", stdout, stderr, str(code)]
+
+
+def runner(**kw) -> tuple[CommandRunner, list[float]]:
+    waits: list[float] = []
+    kw.setdefault("max_retries", 3)
+    return CommandRunner(timeout_s=kw.pop("timeout_s", 10), sleep=waits.append, **kw), waits
+
+
+def test_success_returns_output_and_counts_one_rpc():
+    r, waits = runner()
+    res = r.run(say(stdout="12345;cluster\n"))
+    assert res.stdout == "12345;cluster\n" and res.returncode == 0
+    assert r.rpc_count == 1 and waits == []
+
+
+def test_connect_failure_is_retried_with_exponential_backoff_then_unavailable():
+    r, waits = runner(backoff_s=0.5)
+    msg = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    with pytest.raises(SlurmUnavailable, match=r"connect failure.*after 4 attempt"):
+        r.run(say(stderr=msg, code=1))
+    assert r.rpc_count == 4 and waits == [0.5, 1.0, 2.0]
+
+
+def test_timeout_is_unavailable_and_retried():
+    r, waits = runner(timeout_s=0.3, max_retries=1, backoff_s=0.01)
+    with pytest.raises(SlurmUnavailable, match=r"timed out after 0.3 s.*after 2 attempt"):
+        r.run([PY, "-c", "import time; time.sleep(30)"])
+    assert r.rpc_count == 2 and waits == [0.01]
+
+
+def test_a_change_that_may_have_happened_is_not_retried():
+    r, waits = runner()
+    # A timeout or an unexpected reply may hide an applied requeue: one attempt only.
+    with pytest.raises(SlurmUnavailable, match="after 1 attempt"):
+        r.run(say(stderr="Unexpected message received for job 5", code=1), idempotent=False)
+    assert r.rpc_count == 1 and waits == []
+    # "connect failure" proves it never reached slurmctld: safe to retry even then.
+    with pytest.raises(SlurmUnavailable, match="after 4 attempt"):
+        r.run(say(stderr="sbatch: error: Batch job submission failed: Unable to contact "
+                         "slurm controller (connect failure)", code=1), idempotent=False)
+
+
+def test_refusal_carries_slurms_message_and_is_not_retried():
+    r, waits = runner()
+    with pytest.raises(SlurmRejected) as exc:
+        r.run(say(stderr="Requested operation is presently disabled for job 12", code=1),
+              job_id="12")
+    assert exc.value.slurm_message == "Requested operation is presently disabled for job 12"
+    assert exc.value.job_id == "12" and r.rpc_count == 1 and waits == []
+    with pytest.raises(SlurmRejected, match="exit status 228 and no message"):
+        r.run(say(code=228))
+
+
+def test_arguments_are_never_interpreted_by_a_shell(tmp_path):
+    r, _ = runner()
+    nasty = f"$(touch {tmp_path}/a); `touch {tmp_path}/b`; touch {tmp_path}/c | cat && rm -rf /"
+    res = r.run([PY, "-c", "import sys; print(sys.argv[1])", nasty])
+    assert res.stdout.strip() == nasty
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_argv_must_be_a_list_of_strings():
+    r, _ = runner()
+    for argv in ("squeue --json", [], ["squeue", 5], None):
+        with pytest.raises(TypeError, match="argv must be a non-empty list"):
+            r.run(argv)
+    assert r.rpc_count == 0
+
+
+def test_missing_command_is_a_slurm_error_not_retried():
+    r, waits = runner()
+    with pytest.raises(SlurmError, match="not found on PATH") as exc:
+        r.run(["surely-not-a-slurm-command-xyz", "--json"])
+    assert not isinstance(exc.value, SlurmUnavailable) and waits == []
+
+
+def test_environment_forces_standard_time_format_and_adds_extras():
+    r, _ = runner(env={"PATH": "/usr/bin:/bin", "SLURM_TIME_FORMAT": "relative"})
+    res = r.run([PY, "-c", "import os; print(os.environ['SLURM_TIME_FORMAT'], "
+                           "os.environ.get('EXTRA'))"], extra_env={"EXTRA": "1"})
+    assert res.stdout.split() == ["standard", "1"]
+
+
+def test_interpret_can_ask_for_a_retry():
+    r, waits = runner(max_retries=2, backoff_s=0.1)
+    seen = []
+
+    def interpret(result):
+        seen.append(result.stdout)
+        if len(seen) < 3:
+            raise SlurmUnavailable("errors in the document: Unspecified error")
+        return "ok"
+    assert r.call(say(stdout="{}"), interpret) == "ok"
+    assert r.rpc_count == 3 and waits == [0.1, 0.2]
+
+
+@pytest.mark.parametrize("msg, down, never_delivered", [
+    ("slurm_load_jobs error: Unable to contact slurm controller (connect failure)", True, True),
+    ("Socket timed out on send/recv operation", True, False),
+    ("Unexpected message received for job 5", True, False),
+    ("Zero Bytes were transmitted or received", True, False),
+    ("Requested operation is presently disabled for job 12", False, False),
+    ("Job update not available right now, the DB index is being set, try again in a bit "
+     "for job 11", False, False),
+    ("Invalid job id specified", False, False),
+    ("Node count specification invalid", False, False),
+])
+def test_message_classification(msg, down, never_delivered):
+    assert unavailable(msg) is down
+    assert unavailable(msg, delivered_only=True) is never_delivered

@@ -1,0 +1,86 @@
+"""`malleable submit` without a cluster: spec merging, #SBATCH parsing, sizes, bad input.
+
+Submitting to the real harness is tested in tests/integration/test_job_contract.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from malleable.cli import main
+from malleable.spec import parse_spec
+from malleable.submit import (
+    SubmitError,
+    build_spec,
+    comment_in,
+    initial_shape,
+    script_directives,
+    without_comment,
+)
+
+
+def test_script_directives_stop_at_the_first_command(tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n"
+                      "#SBATCH --comment=\"owner=ann malleable:gpus=2-8,batch=64\"  # note\n"
+                      "#SBATCH -p gpu --time=10\n"
+                      "\n# plain comment\n"
+                      "echo hi\n"
+                      "#SBATCH --comment=ignored\n")
+    words = script_directives(str(script))
+    assert words == ["--comment=owner=ann malleable:gpus=2-8,batch=64", "-p", "gpu",
+                     "--time=10"]
+    assert comment_in(words) == "owner=ann malleable:gpus=2-8,batch=64"
+    assert comment_in(["--comment", "a", "--comment=b"]) == "b"
+    assert without_comment(["-p", "x", "--comment", "a", "--comment=b", "-t", "1"]) == \
+        ["-p", "x", "-t", "1"]
+
+
+def test_options_override_spec_which_overrides_the_script():
+    spec = build_spec(["x malleable:gpus=2-8,batch=64,step=2", "y malleable:signal=USR2"],
+                      "gpus=2-16,grace=30", {"step": "4", "batch": None, "model": "cifar10"})
+    assert spec == parse_spec("malleable:gpus=2-16,batch=64,step=4,grace=30,model=cifar10,"
+                              "signal=USR2")
+
+
+def test_a_comment_without_a_spec_is_kept_as_other_text():
+    spec = build_spec(["owner=ann"], None, {"gpus": "2-4"})
+    assert spec == parse_spec("malleable:gpus=2-4")
+    assert build_spec([None], "malleable:gpus=1-2", {}) == parse_spec("malleable:gpus=1-2")
+
+
+def test_initial_shape_whole_nodes_above_one_node():
+    spec = parse_spec("malleable:gpus=2-16,step=4")
+    assert initial_shape(spec, None, 4) == (1, 2)
+    assert initial_shape(spec, 4, 4) == (1, 4)
+    assert initial_shape(spec, 12, 4) == (3, 4)
+    with pytest.raises(SubmitError, match="not allowed"):
+        initial_shape(spec, 3, 4)
+    with pytest.raises(SubmitError, match="whole"):
+        initial_shape(parse_spec("malleable:gpus=1-16"), 6, 4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "16-2"], "malleable spec: gpus=16-2: minimum exceeds maximum"),
+    (["--gpus", "2-4", "--signal", "KILL"], "signal=KILL"),
+    (["--spec", "gpus=2-4,colour=red"], "colour=red: unknown key"),
+    (["--gpus", "2-4", "--grace", "soon"], "grace=soon"),
+    ([], "gpus: missing"),
+    (["--gpus", "2-4", "--gres=gpu:2"], "--gres=gpu:2: malleable submit sets the GPU request"),
+    (["--gpus", "2-4", "-N", "2"], "-N: malleable submit sets the GPU request"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    result = CliRunner().invoke(main, ["submit", *args, str(script)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("malleable submit: error: ")
+    assert message in lines[0]
+
+
+def test_missing_script_exits_2(tmp_path):
+    result = CliRunner().invoke(main, ["submit", "--gpus", "2-4", str(tmp_path / "nope.sh")])
+    assert result.exit_code == 2
+    assert "No such file" in result.output
