@@ -148,12 +148,13 @@ class JobSet:
     def subset(self, index: np.ndarray) -> JobSet:
         """The jobs selected by ``index`` ((J,) bool mask or integer indices), in that order,
         with their rows of the table (e.g. to drop a job the estimators could not model)."""
-        idx = np.arange(len(self))[np.asarray(index)]
+        J = len(self)
+        idx = np.arange(J)[np.asarray(index)]
         t = self.table
-        table = dataclasses.replace(
-            t, feasible=t.feasible[idx], goodput=t.goodput[idx], batch=t.batch[idx],
-            remaining_work=t.remaining_work[idx], remaining_std=t.remaining_std[idx],
-            from_prior=t.from_prior[idx])
+        rows = {f.name: getattr(t, f.name)[idx] for f in dataclasses.fields(t)
+                if f.name != "k" and isinstance(getattr(t, f.name), np.ndarray)
+                and getattr(t, f.name).shape[:1] == (J,)}
+        table = dataclasses.replace(t, **rows)
         arrays = {f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)
                   if f.name != "table"}
         return JobSet(table=table, **arrays)

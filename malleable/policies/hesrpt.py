@@ -19,7 +19,9 @@ the model). Jobs complete in shortest-first order, yet all share the GPUs.
 Mapping to this project: a job's size is its remaining work expressed in
 seconds on one GPU, x = (W + risk * std) / goodput(1); p is one exponent for
 all jobs, the ``p`` parameter or, if unset, the median of the per-job fits
-of goodput(k) ~ a k^p to the table (`curves.fit_power_law`). The shares
+of goodput(k) ~ a k^p to the table (`curves.fit_power_law`; with
+``p_from="samples"``, the estimators' fit of throughput ~ k^p to the job's
+own samples, ``SpeedupTable.speedup_exponent``, where it has one). The shares
 times the free GPUs are the wish; `feasibility.realize` rounds them to
 feasible integers without losing capacity (largest remainder first, then
 leftover GPUs where they cut a job's remaining time most per GPU). Jobs
@@ -32,6 +34,7 @@ Source: Berg, Vesilo and Harchol-Balter, SIGMETRICS'20 (arXiv:1903.09346).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -94,6 +97,7 @@ class HesrptPolicy(Policy):
     @dataclass(frozen=True)
     class Params:
         p: float | None = None  # speedup exponent; None = median of per-job fits
+        p_from: Literal["goodput", "samples"] = "goodput"  # per-job fit used when p is None
         risk: float = 0.0       # size = (mean + risk x std of remaining work) / goodput(1)
 
         def __post_init__(self) -> None:
@@ -115,7 +119,12 @@ class HesrptPolicy(Policy):
         if self.params.p is not None:
             p = self.params.p
         else:
-            p = float(np.median(fit_power_law(t)[inside])) if inside.any() else 0.5
+            fits = fit_power_law(t)
+            if self.params.p_from == "samples":
+                est = np.asarray(getattr(t, "speedup_exponent", np.full(len(jobs), np.nan)))
+                ok = np.isfinite(est) & (est > 0) & (est < 1)
+                fits = np.where(ok, est, fits)
+            p = float(np.median(fits[inside])) if inside.any() else 0.5
         gpus = np.zeros(len(jobs))
         gpus[inside] = hesrpt_shares(sizes[inside], p) * capacity.total
         return gpus, sizes, p

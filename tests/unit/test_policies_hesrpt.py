@@ -172,3 +172,17 @@ def test_mean_completion_within_1pct_of_brute_force(m, seed):
 
     ours = fluid_total_flow_time(run_policy, sizes, p)
     assert ours / m <= 1.01 * brute / m, (ours, brute)
+
+
+def test_p_from_the_estimators_samples():
+    """With p_from="samples" the estimators' per-job exponent (where finite) replaces the
+    fit to the goodput table; the median over jobs is used."""
+    from dataclasses import replace
+
+    cap = Capacity.uniform(2, 8)
+    jobs = make_jobset(cap, power_law, np.full(3, 0.5), np.ones(3), np.array([1e3, 2e3, 3e3]))
+    table = replace(jobs.table, speedup_exponent=np.array([0.8, np.nan, 0.9]))
+    jobs = replace(jobs, table=table)
+    assert get_policy("hesrpt").model(jobs, cap)[2] == pytest.approx(0.5)
+    # per job: 0.8, the table's 0.5 (no estimate), 0.9 -> median 0.8
+    assert get_policy("hesrpt", p_from="samples").model(jobs, cap)[2] == pytest.approx(0.8)

@@ -43,7 +43,8 @@ def test_unknown_policy_names_it_and_the_known_ones():
 
 
 @pytest.mark.parametrize("name,params,words", [
-    ("hesrpt", {"q": 1}, ["hesrpt", "unknown parameter 'q'", "known: p, risk"]),
+    ("hesrpt", {"q": 1}, ["hesrpt", "unknown parameter 'q'", "known: p, p_from, risk"]),
+    ("hesrpt", {"p_from": "guess"}, ["hesrpt", "p_from = 'guess'"]),
     ("hesrpt", {"p": "high"}, ["hesrpt", "p = 'high'", "expected"]),
     ("hesrpt", {"p": 1.5}, ["hesrpt", "p must be in (0, 1)"]),
     ("pollux", {"window": 2.5}, ["pollux", "window = 2.5", "expected int"]),
