@@ -10,7 +10,9 @@ cluster, so it runs if its smallest size fits the cluster at all. A job
 that waits is overtaken only by promoted jobs that have waited longer, and
 each of those, once served, starts waiting again from zero (behind it). So
 with J jobs and decisions every dt seconds, a job that can fit waits at most
-``starve_s + J * dt`` seconds between runs.
+``starve_s + J * dt`` seconds between runs. Behind the hysteresis wrapper a
+served job keeps its GPUs for its cool-down, so the bound becomes
+``starve_s + J * max(dt, cooldown_s) + dt``.
 
 Source: Tiresias (Gu et al., NSDI'19, section 4.2, "starvation") promotes a
 job to the highest-priority queue after it waited longer than a threshold;
