@@ -1,0 +1,198 @@
+"""Hysteresis shared by all policies: change a running job only when it pays, and not too often.
+
+`Hysteresis` wraps any policy (which stays a pure function of its inputs)
+and filters its proposal for RUNNING jobs (current > 0); pending jobs are
+free to size. A running job's proposed change is
+
+* held during its cool-down: never sooner than ``cooldown_s`` seconds after
+  its last change (``JobSet.since_change``);
+* for a grow from c to k GPUs: made only if the job's estimated remaining
+  time falls by more than its restart cost plus ``min_gain`` of its
+  remaining time, T(c) - T(k) - delta >= min_gain * T(c), with
+  T(k) = W / goodput(k) from the speedup table;
+* for a shrink or a preemption: made only if the GPUs it frees are used,
+  i.e. some start or accepted grow does not fit without them. The policy is
+  the judge of who deserves GPUs; hysteresis only refuses changes whose
+  benefit does not clear the threshold, so a shrink whose GPUs would sit
+  idle (because the grow it was meant for was refused) is undone.
+
+Then the allocation is packed again: kept jobs first at their current size,
+shrinks at their new size, then starts and accepted grows in the policy's
+priority order (``Allocation.priority``). If a job the policy marked urgent
+(starvation protection, ``Allocation.urgent``) cannot be placed, no job
+after it in priority order may start or grow, so the capacity it waits for
+is not taken by others; it gets GPUs as soon as the cool-downs that block
+it expire. The result is feasible and packed like any policy's.
+
+Source: the switching-cost threshold is the "re-allocation" guard of
+elastic schedulers (Pollux, OSDI'21, section 4.2 penalises re-allocation in
+its objective; Optimus, EuroSys'18, section 5.4 limits re-scaling
+frequency); this module applies both as a filter, so every policy gets it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from malleable.config import PolicyConfig
+from malleable.policies.base import Allocation, Capacity, Context, JobSet, Policy
+from malleable.policies.feasibility import Grid, Packer, batch_at
+
+
+class Hysteresis(Policy):
+    """Wraps a policy: holds running jobs' changes that are too soon or gain too little.
+
+    Args:
+        inner: the policy whose proposals are filtered.
+        min_gain: fraction of a job's remaining time a grow must save beyond
+            its restart cost (>= 0).
+        cooldown_s: seconds after a job's last change during which it is not
+            changed again (>= 0).
+
+    Raises:
+        ValueError: a negative min_gain or cooldown_s.
+    """
+
+    name = "hysteresis"
+
+    @dataclass(frozen=True)
+    class Params:
+        min_gain: float = 0.05
+        cooldown_s: float = 300.0
+
+        def __post_init__(self) -> None:
+            if self.min_gain < 0 or self.cooldown_s < 0:
+                raise ValueError(f"min_gain and cooldown_s must be >= 0, got "
+                                 f"{self.min_gain}, {self.cooldown_s}")
+
+    def __init__(self, inner: Policy, *, min_gain: float = 0.05, cooldown_s: float = 300.0) -> None:
+        super().__init__(min_gain=min_gain, cooldown_s=cooldown_s)
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"Hysteresis({self.inner!r}, {self.params})"
+
+    def decide(self, jobs: JobSet, capacity: Capacity, ctx: Context) -> Allocation:
+        prop = self.inner.allocate(jobs, capacity, ctx)
+        return filter_changes(jobs, capacity, prop, self.params.min_gain, self.params.cooldown_s)
+
+
+def with_hysteresis(policy: Policy, config: PolicyConfig) -> Hysteresis:
+    """Wrap ``policy`` with the thresholds of ``config`` (min_gain, cooldown_s)."""
+    return Hysteresis(policy, min_gain=float(config.min_gain), cooldown_s=float(config.cooldown_s))
+
+
+def policy_from_config(config: PolicyConfig) -> Hysteresis:
+    """The policy the daemon runs: ``config.name`` with ``config.params``, wrapped in hysteresis.
+
+    Raises:
+        ValueError: an unknown policy or parameter (see `registry.get_policy`).
+    """
+    from malleable.policies.registry import get_policy
+
+    return with_hysteresis(get_policy(config.name, **dict(config.params)), config)
+
+
+def filter_changes(jobs: JobSet, capacity: Capacity, prop: Allocation, min_gain: float,
+                   cooldown_s: float) -> Allocation:
+    """Apply the hysteresis rules to a proposal (see the module docstring).
+
+    Args:
+        jobs, capacity: the inputs the proposal was computed for.
+        prop: the wrapped policy's allocation.
+        min_gain, cooldown_s: the thresholds.
+
+    Returns:
+        A feasible, packed `Allocation`; reasons of held jobs say why.
+    """
+    J = len(jobs)
+    t = jobs.table
+    grid = Grid.build(jobs, capacity)
+    klist = grid.klist
+    P = prop.gpus.astype(np.int64)
+    C = jobs.current
+    rows = np.arange(J)
+    ccol = np.minimum(np.searchsorted(t.k, C), len(t.k) - 1)
+    cur_ok = (C > 0) & (t.k[ccol] == C) & grid.mask[rows, ccol]
+    running = C > 0
+    change = running & (P != C)
+    reason = list(prop.reason)
+    rt = t.remaining_time
+    pcol = t.column(P)
+    T_c = rt[rows, ccol]
+    T_p = rt[rows, pcol]
+    cool = change & cur_ok & (jobs.since_change < cooldown_s)
+    grow = change & ~cool & (P > C)
+    with np.errstate(invalid="ignore"):
+        net = T_c - T_p - jobs.restart_cost
+    with np.errstate(invalid="ignore"):
+        passes = np.where(np.isinf(T_c), True, net >= min_gain * T_c)
+    weak = grow & cur_ok & ~passes
+    shrink = change & ~cool & (P < C) & cur_ok
+    for j in np.flatnonzero(cool):
+        left = cooldown_s - jobs.since_change[j]
+        reason[j] = f"kept at {C[j]}: cool-down, {left:.0f} s left (proposed {P[j]})"
+    for j in np.flatnonzero(weak):
+        gain = net[j] / T_c[j] if T_c[j] > 0 else 0.0
+        reason[j] = (f"kept at {C[j]}: grow to {P[j]} saves {100 * gain:.1f}% of remaining time "
+                     f"after restart, below {100 * min_gain:.1f}%")
+    held = running & cur_ok & (~change | cool | weak)
+    rank = (np.arange(J) if prop.priority is None else prop.priority).astype(np.int64)
+    urgent = np.zeros(J, bool) if prop.urgent is None else prop.urgent.astype(bool)
+    packer = Packer(capacity.gpus_per_node, capacity.free_per_node)
+    final = np.zeros(J, dtype=np.int64)
+
+    # 1. Held jobs keep their GPUs (largest first: packs like first-fit decreasing).
+    unheld = []
+    for j in sorted(np.flatnonzero(held), key=lambda j: (-C[j], j)):
+        if packer.place(int(j), int(C[j])):
+            final[j] = C[j]
+        else:  # current placement not reproducible by our packer: let the proposal stand
+            unheld.append(int(j))
+            reason[j] = f"current {C[j]} does not pack here; " + prop.reason[j]
+    # 2. Shrinks at their new size; accepted grows at their current size for now.
+    accepted_grow = grow & ~weak
+    for j in np.flatnonzero(shrink):
+        c = grid.prev[j][min(int(pcol[j]), grid.cap_col(packer.cap()))]
+        if packer.place(int(j), klist[c]):
+            final[j] = klist[c]
+    for j in np.flatnonzero(accepted_grow & cur_ok):
+        if packer.place(int(j), int(C[j])):
+            final[j] = C[j]
+    # 3. Starts and grows in priority order; an urgent job that cannot be placed blocks the rest.
+    benef = (~running & (P > 0)) | accepted_grow | (change & ~cur_ok)
+    benef[unheld] = True
+    blocked_by = None
+    for j in sorted(np.flatnonzero(benef), key=lambda j: (rank[j], j)):
+        j = int(j)
+        if blocked_by is not None:
+            reason[j] = (f"waits: capacity held for starving job {jobs.ids[blocked_by]}"
+                         + (f"; kept at {final[j]}" if final[j] else ""))
+            continue
+        old = packer.remove(j)
+        c = grid.prev[j][min(int(pcol[j]), grid.cap_col(packer.cap()))]
+        k = klist[c]
+        if k > final[j] and running[j] and cur_ok[j] and k != P[j]:
+            # a partial grow: it must clear the threshold at the size that fits
+            nk = T_c[j] - rt[j, c] - jobs.restart_cost[j]
+            if not (np.isinf(T_c[j]) or nk >= min_gain * T_c[j]):
+                k = final[j]
+        if k > final[j] and packer.place(j, k):
+            final[j] = k
+            if k != P[j]:
+                reason[j] = f"{k} of proposed {P[j]} GPUs fit; " + prop.reason[j]
+        else:
+            packer.restore(j, old)
+        if urgent[j] and final[j] == 0:
+            blocked_by = j
+            reason[j] = "starving, waits for GPUs held in cool-down; " + prop.reason[j]
+    # 4. Shrinks whose GPUs nobody took are undone.
+    for j in sorted(np.flatnonzero(shrink), key=lambda j: (rank[j], j)):
+        j = int(j)
+        if final[j] != C[j] and packer.resize(j, int(C[j])):
+            final[j] = C[j]
+            reason[j] = f"kept at {C[j]}: the GPUs a shrink to {P[j]} frees are not needed"
+    return Allocation(gpus=final, batch=batch_at(jobs, final), reason=tuple(reason),
+                      objective=prop.objective, priority=prop.priority, urgent=prop.urgent)

@@ -1,0 +1,121 @@
+"""Hysteresis: cool-down, the gain threshold for grows, shrinks only when their GPUs are used,
+capacity held for starving jobs. A test policy proposes fixed allocations so each rule is
+exercised on its own; the property tests run it over every real policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from malleable.config import PolicyConfig
+from malleable.policies.base import Capacity, Context, JobSet, Policy
+from malleable.policies.feasibility import finish
+from malleable.policies.hysteresis import Hysteresis, with_hysteresis
+from malleable.policies.registry import get_policy
+from malleable.policies.synthetic import make_jobset, power_law
+
+
+class Proposal(Policy):
+    """A policy that proposes a fixed allocation (test double for the wrapped policy)."""
+
+    name = "proposal"
+
+    @dataclass(frozen=True)
+    class Params:
+        pass
+
+    def __init__(self, gpus, urgent=None, order=None):
+        super().__init__()
+        self.gpus, self.urgent, self.order = np.asarray(gpus), urgent, order
+
+    def decide(self, jobs: JobSet, capacity: Capacity, ctx: Context):
+        return finish(jobs, self.gpus, ["proposed"] * len(jobs), order=self.order,
+                      urgent=self.urgent)
+
+
+def jobs_with(p, current, since, work=None, restart=30.0, cap=None):
+    cap = cap or Capacity.uniform(2, 8)
+    J = len(current)
+    work = np.full(J, 36000.0) if work is None else np.asarray(work, float)
+    return make_jobset(cap, power_law, np.asarray(p, float), np.ones(J), work,
+                       max_gpus=np.full(J, 16), current=np.asarray(current),
+                       since_change=np.asarray(since, float),
+                       restart_cost=np.full(J, restart)), cap
+
+
+def test_cooldown_holds_a_running_job():
+    jobs, cap = jobs_with([0.9, 0.9], [4, 0], [100.0, np.inf])
+    out = Hysteresis(Proposal([8, 4]), min_gain=0.0, cooldown_s=300).allocate(jobs, cap)
+    assert out.gpus.tolist() == [4, 4]
+    assert "cool-down, 200 s left" in out.reason[0]
+    out = Hysteresis(Proposal([8, 4]), min_gain=0.0, cooldown_s=60).allocate(jobs, cap)
+    assert out.gpus.tolist() == [8, 4]
+
+
+def test_grow_must_clear_the_threshold():
+    # p = 0.05: 4 -> 8 GPUs saves ~3% of the remaining time: held at min_gain 5%.
+    jobs, cap = jobs_with([0.05], [4], [1e6])
+    out = Hysteresis(Proposal([8]), min_gain=0.05, cooldown_s=0).allocate(jobs, cap)
+    assert out.gpus.tolist() == [4] and "below 5.0%" in out.reason[0]
+    # p = 0.9: it saves ~46%: accepted.
+    jobs, cap = jobs_with([0.9], [4], [1e6])
+    assert Hysteresis(Proposal([8]), min_gain=0.05, cooldown_s=0).allocate(
+        jobs, cap).gpus.tolist() == [8]
+    # The restart cost counts: with 10 h of work left a 5 h restart is not worth it.
+    jobs, cap = jobs_with([0.9], [4], [1e6], restart=5 * 3600.0)
+    assert Hysteresis(Proposal([8]), min_gain=0.05, cooldown_s=0).allocate(
+        jobs, cap).gpus.tolist() == [4]
+
+
+def test_shrink_is_undone_when_its_gpus_are_not_used():
+    # The policy moves 4 GPUs from job 0 to job 1, but job 1's grow gains too little.
+    jobs, cap = jobs_with([0.9, 0.05], [12, 4], [1e6, 1e6], cap=Capacity.uniform(4, 4))
+    out = Hysteresis(Proposal([8, 8]), min_gain=0.05, cooldown_s=0).allocate(jobs, cap)
+    assert out.gpus.tolist() == [12, 4]
+    assert "not needed" in out.reason[0]
+
+
+def test_shrink_goes_ahead_for_a_start_and_pending_jobs_are_free():
+    jobs, cap = jobs_with([0.9, 0.9, 0.9], [16, 0, 0], [1e6, np.inf, np.inf])
+    out = Hysteresis(Proposal([8, 4, 4]), min_gain=0.5, cooldown_s=0).allocate(jobs, cap)
+    assert out.gpus.tolist() == [8, 4, 4]
+
+
+def test_capacity_is_held_for_a_starving_job():
+    # Three 8-GPU nodes. Job 0 holds two in its cool-down; job 1 is starving and needs two
+    # (min 16); job 2 has lower priority and would fit on the free node. The policy proposes
+    # to preempt job 0 for job 1 and to start job 2.
+    cap = Capacity.uniform(3, 8)
+
+    def jobs(since0):
+        return make_jobset(cap, power_law, np.full(3, 0.9), np.ones(3), np.full(3, 36000.0),
+                           min_gpus=np.array([1, 16, 1]), max_gpus=np.full(3, 16),
+                           current=np.array([16, 0, 0]),
+                           since_change=np.array([since0, np.inf, np.inf]))
+
+    order = np.array([1, 0, 2])
+    urgent = np.array([False, True, False])
+    # Without urgency the lower-priority start takes the free node.
+    out = Hysteresis(Proposal([0, 16, 8], urgent=np.zeros(3, bool), order=order),
+                     min_gain=0.0, cooldown_s=300).allocate(jobs(10.0), cap)
+    assert out.gpus.tolist() == [16, 0, 8]
+    # With urgency it waits, so the node stays free for the starving job.
+    out = Hysteresis(Proposal([0, 16, 8], urgent=urgent, order=order), min_gain=0.0,
+                     cooldown_s=300).allocate(jobs(10.0), cap)
+    assert out.gpus.tolist() == [16, 0, 0]
+    assert "capacity held for starving job 1" in out.reason[2]
+    assert "starving, waits" in out.reason[1]
+    # Once job 0's cool-down has passed, the starving job runs.
+    out = Hysteresis(Proposal([0, 16, 8], urgent=urgent, order=order), min_gain=0.0,
+                     cooldown_s=300).allocate(jobs(400.0), cap)
+    assert out.gpus.tolist() == [0, 16, 8]
+
+
+def test_with_hysteresis_uses_the_config():
+    pol = with_hysteresis(get_policy("fifo"), PolicyConfig(min_gain=0.2, cooldown_s=10.0))
+    assert (pol.params.min_gain, pol.params.cooldown_s) == (0.2, 10.0)
+    jobs, cap = jobs_with([0.9, 0.9], [4, 4], [5.0, 50.0])
+    out = pol.allocate(jobs, cap)
+    assert out.gpus[0] == 4             # in its cool-down
+    assert out.gpus.sum() <= 16
