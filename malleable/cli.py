@@ -21,6 +21,7 @@ from malleable import __version__
 # name -> "module:attribute" of a click command or group. Adding a command is one line here.
 COMMANDS: dict[str, str] = {
     "conf": "malleable.slurm_conf.cli:conf",
+    "daemon": "malleable.daemon.cli:daemon",
     "db": "malleable.db.cli:db",
     "report": "malleable.progress.cli:report",
     "submit": "malleable.submit:submit",

@@ -49,6 +49,13 @@ def processes_under(directory: Path) -> list[str]:
 def test_up_down_twice_leaves_nothing(tmp_path):
     d = tmp_path / "h"
     base = free_port_block(3)
+    try:
+        _up_down_twice(d, base)
+    finally:  # a failed assertion must not leave daemons running
+        harness("down", "--dir", str(d))
+
+
+def _up_down_twice(d: Path, base: int) -> None:
     for _ in range(2):
         up = harness("up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2",
                      "--ctld-port", str(base), "--node-port-base", str(base + 1))

@@ -1,0 +1,59 @@
+"""``malleable daemon``: run the service in the foreground (systemd's ExecStart).
+
+Exit codes: 0 stopped cleanly (SIGTERM) or ``--once`` done; 2 it could not
+start: a bad configuration, an unusable database, a schema older or newer than
+this malleable's, or another daemon holding the lease (one line on stderr
+naming the cause, no traceback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from malleable.config import ConfigError, load_config
+from malleable.daemon.logs import setup_logging
+from malleable.db.errors import StoreError
+from malleable.slurm.client import SlurmError
+
+
+@click.command("daemon")
+@click.option("--config", "config_path", metavar="PATH", default=None,
+              help="TOML configuration (default: $MALLEABLE_CONFIG or "
+                   "/etc/malleable/malleable.toml).")
+@click.option("--dry-run", is_flag=True, help="Plan and log actions; change nothing in Slurm.")
+@click.option("--once", is_flag=True, help="Run one full cycle (poll, ingest, decide, apply) "
+                                           "and exit.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+              default=None, help="Override daemon.log_level.")
+def daemon(config_path: str | None, dry_run: bool, once: bool, log_level: str | None) -> None:
+    """Run the malleable daemon in the foreground.
+
+    It polls Slurm, reads the malleable jobs' progress, runs the active policy and
+    resizes jobs through Slurm. Under systemd (Type=notify) it reports readiness and
+    pings the watchdog; SIGHUP reloads the configuration; SIGTERM stops it after the
+    step in progress.
+    """
+    from malleable.daemon.metrics import exporter_from_config
+    from malleable.daemon.service import ServiceOptions, run_service
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise click.exceptions.Exit(_fail(f"{exc}")) from None
+    if log_level:
+        config = dataclasses.replace(
+            config, daemon=dataclasses.replace(config.daemon, log_level=log_level))
+    setup_logging(config.daemon.log_level)
+    try:
+        metrics = exporter_from_config(config)
+        code = run_service(config, ServiceOptions(config_path, dry_run, once, metrics))
+    except (StoreError, SlurmError, OSError, ValueError) as exc:
+        raise click.exceptions.Exit(_fail(str(exc))) from None
+    raise click.exceptions.Exit(code)
+
+
+def _fail(message: str) -> int:
+    click.echo(f"malleable daemon: error: {message}", err=True)
+    return 2

@@ -1,0 +1,460 @@
+"""The daemon's decision loop: poll, ingest, decide, apply.
+
+`Daemon` holds what one daemon process keeps between cycles (the estimator
+state, ingestion cursors, the last poll) and is driven from outside: by
+APScheduler in the service (`malleable.daemon.service`), by the simulator's
+event engine, or by ``malleable daemon --once``. Nothing inside reads the wall
+clock, runs a subprocess or touches a file except through what it is given:
+the clock, the `SlurmClient` and the progress spool directory. So the
+simulator runs this very code against a simulated Slurm and virtual time.
+
+Two cycles:
+
+* `poll_cycle`: one ``jobs()`` RPC, job rows and events updated, progress
+  ingested, in-flight actions advanced. Default every 30 s.
+* `decide_cycle`: the same, then estimates, the policy, the reconciler and
+  the actions it asks for. Default every 60 s.
+
+Safety rules:
+
+* a failed poll (Slurm unavailable) means stale state: nothing is decided or
+  changed until a poll succeeds again;
+* paused: observe and plan (decisions are recorded), start no new action;
+  jobs the daemon held for admission are released and in-flight requeues are
+  driven to their release, so a paused cluster runs as plain Slurm;
+* dry run: plan and log the actions, change nothing in Slurm;
+* one bad job is excluded (logged) and never stops the cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
+
+from malleable.config import Config
+from malleable.daemon.actions import Step
+from malleable.daemon.actuator import Actuator, DriveReport
+from malleable.daemon.estimates import ESTIMATOR_MODEL, EstimatorBook, estimate_params
+from malleable.daemon.history import daemon_holds, requeue_backoff
+from malleable.daemon.inputs import PolicyInputs, build_inputs
+from malleable.daemon.logs import job_logger, set_cycle
+from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
+from malleable.daemon.shapes import Shape
+from malleable.db import store
+from malleable.db.models import Job
+from malleable.policies.base import Allocation
+from malleable.policies.hysteresis import with_hysteresis
+from malleable.policies.registry import get_policy
+from malleable.progress.ingest import Cursors, IngestJob, IngestReport, ingest_progress
+from malleable.progress.plan import write_plan
+from malleable.progress.reporter import Plan
+from malleable.progress.spool import SpoolDir
+from malleable.slurm.client import SlurmClient, SlurmError, SlurmUnavailable
+from malleable.slurm.records import JobState, SlurmJob, SlurmNode
+from malleable.spec import SpecError, parse_spec
+
+log = logging.getLogger(__name__)
+
+_UNTOUCHED_STEPS = (Step.SIGNAL.value, Step.HOLD.value, Step.SHRINK.value)
+
+
+def spec_as_dict(comment: str) -> dict | None:
+    """The store's spec parser: the parsed spec as a dict, None for a rigid job.
+
+    Raises:
+        ValueError: a bad spec (`SpecError`), stored in ``jobs.spec_error``.
+    """
+    spec = parse_spec(comment)
+    return spec.as_dict() if spec is not None else None
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did, for the log, the database and metrics.
+
+    Attributes:
+        kind: "poll" or "decide".
+        number: the cycle's sequence number in this process.
+        started: the daemon's clock at the start.
+        duration_s: wall time (process time source given to `Daemon`).
+        rpc: Slurm RPCs made in the cycle (one ``jobs()`` plus one per action step).
+        slurm_unavailable: the poll failed; nothing was decided or changed.
+        jobs: jobs in the poll; managed: malleable jobs the policy allocated.
+        ingest: the ingestion report (None if not run).
+        drive: the actuator's report(s), merged.
+        decision_id: the recorded decision (decide cycles).
+        objective: the policy's objective value.
+        planned: actions the reconciler proposed (also in dry run).
+        skipped: differences left alone, with the reason.
+        paused, dry_run: the modes in force.
+    """
+
+    kind: str
+    number: int
+    started: datetime
+    duration_s: float = 0.0
+    rpc: int = 0
+    slurm_unavailable: bool = False
+    jobs: int = 0
+    managed: int = 0
+    ingest: IngestReport | None = None
+    drive: DriveReport = field(default_factory=DriveReport)
+    decision_id: int | None = None
+    objective: float | None = None
+    planned: list[PlannedAction] = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    paused: bool = False
+    dry_run: bool = False
+
+
+class Daemon:
+    """The decision loop over injected parts.
+
+    Args:
+        slurm: the Slurm port (real `SlurmClient`, or the simulator's).
+        sessions: a read-write `sessionmaker` of the state store (schema checked).
+        clock: returns the current time as an aware UTC datetime.
+        spool_dir: the progress spool directory.
+        config: settings.
+        dry_run: plan and log, change nothing in Slurm.
+        timer: a monotonic seconds source for cycle durations (default
+            `time.perf_counter`; the simulator may pass its own).
+        nodes_refresh_s: how often the node list is re-read (one RPC), seconds.
+        seed: the policy's seed.
+    """
+
+    def __init__(self, *, slurm: SlurmClient, sessions: sessionmaker,
+                 clock: Callable[[], datetime], spool_dir: str, config: Config,
+                 dry_run: bool = False, timer: Callable[[], float] = time.perf_counter,
+                 nodes_refresh_s: float = 300.0, seed: int = 0) -> None:
+        self.slurm = slurm
+        self.sessions = sessions
+        self.clock = clock
+        self.spool = SpoolDir(spool_dir)
+        self.spool_dir = spool_dir
+        self.config = config
+        self.dry_run = dry_run
+        self.timer = timer
+        self.nodes_refresh_s = nodes_refresh_s
+        self.seed = seed
+        self.book = EstimatorBook()
+        self.cursors = Cursors()
+        self.actuator = Actuator(slurm, sessions)
+        self.observed: dict[str, SlurmJob] = {}
+        self.poll_ok = False
+        self.nodes: list[SlurmNode] = []
+        self.nodes_at: datetime | None = None
+        self.number = 0
+        self.last_report: CycleReport | None = None
+
+    # ------------------------------------------------------------------ steps
+
+    def _rpc(self) -> int:
+        return int(getattr(self.slurm, "rpc_count", 0))
+
+    def poll(self, now: datetime) -> bool:
+        """One ``jobs()`` RPC; store jobs and events. False if Slurm did not answer."""
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmError as exc:
+            self.poll_ok = False
+            log.warning("poll failed, Slurm unavailable: %s; no decision or change until "
+                        "it answers", exc)
+            return False
+        with self.sessions() as s, s.begin():
+            store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict)
+            self._mark_vanished(s, {j.job_id for j in jobs}, now)
+        self.observed = {j.job_id: j for j in jobs}
+        self.poll_ok = True
+        return True
+
+    @staticmethod
+    def _mark_vanished(s, seen: set[str], now: datetime) -> None:
+        """Jobs the store has as active that Slurm no longer reports: finished
+        (purged after MinJobAge before a poll saw their end)."""
+        active = s.scalars(select(Job).where(Job.state.in_(("PENDING", "RUNNING", "SUSPENDED",
+                                                             "COMPLETING", "CONFIGURING"))))
+        for job in active:
+            if job.slurm_job_id not in seen:
+                store.add_job_event(s, job.id, now, "state",
+                                    f"{job.state} -> COMPLETED (no longer reported by Slurm)")
+                job.state = JobState.COMPLETED.value
+                job.end_time = job.end_time or now
+
+    def refresh_nodes(self, now: datetime, force: bool = False) -> bool:
+        """Re-read the node list when it is older than ``nodes_refresh_s`` (one RPC)."""
+        if (not force and self.nodes and self.nodes_at is not None
+                and (now - self.nodes_at).total_seconds() < self.nodes_refresh_s):
+            return True
+        try:
+            self.nodes = self.slurm.nodes()
+        except SlurmError as exc:
+            log.warning("node list unavailable: %s", exc)
+            return bool(self.nodes)
+        self.nodes_at = now
+        return True
+
+    def ingest(self, now: datetime) -> IngestReport:
+        """Read new progress lines of the malleable jobs (and those that just ended)."""
+        recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
+        with self.sessions() as s, s.begin():
+            # Active jobs, and those that ended lately (their last lines, e.g. `finished`).
+            rows = s.scalars(select(Job).where(Job.malleable.is_(True), (
+                Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
+                | (Job.last_seen >= recent)))).all()
+            report = ingest_progress(
+                s, [IngestJob.of(j) for j in rows], self.spool, now=now,
+                max_bytes_per_job=self.config.progress.max_bytes_per_job,
+                max_future_s=self.config.progress.max_future_s, cursors=self.cursors)
+        for sid, reasons in report.rejected_by_job.items():
+            log.warning("rejected progress lines: %s", dict(reasons), extra={"job": sid})
+        return report
+
+    def drive(self, now: datetime, paused: bool) -> DriveReport:
+        """Advance in-flight actions (while paused: only those past the point of no return)."""
+        if not self.poll_ok:
+            return DriveReport()
+        if paused:
+            self._park_for_pause(now)
+        if self.dry_run:
+            return DriveReport()
+        return self.actuator.drive(now, self.observed, refresh=None)
+
+    def _park_for_pause(self, now: datetime) -> None:
+        """Paused: drop actions that have not touched their job yet; release admission holds."""
+        with self.sessions() as s, s.begin():
+            for a in store.unfinished_actions(s):
+                if a.state in _UNTOUCHED_STEPS or (a.state == Step.WAIT_CHECKPOINT.value):
+                    store.update_action(s, a.id, now=now, state=Step.ABANDONED.value,
+                                        note="paused by an operator", finished=True)
+            if self.dry_run:
+                return
+            held = daemon_holds(s, [j.id for j in s.scalars(
+                select(Job).where(Job.malleable.is_(True), Job.state == "PENDING"))])
+            busy = {a.job_id for a in store.unfinished_actions(s)}
+            for job in s.scalars(select(Job).where(Job.id.in_(sorted(held - busy)))):
+                sj = self.observed.get(job.slurm_job_id)
+                if sj is None or not sj.held:
+                    continue
+                store.create_action(s, job_id=job.id, kind=ActionKind.ADMIT.value,
+                                    state=Step.RELEASE.value, to_gpus=sj.gpus, now=now,
+                                    from_gpus=sj.gpus, to_nodes=sj.node_count,
+                                    restart_count_at_start=sj.restart_count,
+                                    note="paused: releasing the daemon's hold")
+
+    # ------------------------------------------------------------------ decide
+
+    def _policy(self, s):
+        name, params = store.active_policy(s, self.config.policy.name,
+                                           self.config.policy.params)
+        try:
+            return name, params, with_hysteresis(get_policy(name, **params), self.config.policy)
+        except ValueError as exc:
+            log.error("policy %s %s unusable (%s); using `static` (no reallocation)",
+                      name, params, exc)
+            return "static", {}, with_hysteresis(get_policy("static"), self.config.policy)
+
+    def decide(self, now: datetime, report: CycleReport) -> tuple[PolicyInputs, Allocation] | None:
+        """Estimates and the policy; records the decision and its targets."""
+        if not self.refresh_nodes(now):
+            log.warning("no node list; no decision this cycle")
+            return None
+        t0 = self.timer()
+        with self.sessions() as s, s.begin():
+            inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
+                                  seed=self.seed)
+            name, params, policy = self._policy(s)
+            alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
+            duration = self.timer() - t0
+            targets = [store.TargetIn(j.id, int(alloc.gpus[i]), int(alloc.batch[i]) or None,
+                                      alloc.reason[i]) for i, j in enumerate(inputs.jobs)]
+            objective = float(alloc.objective) if np.isfinite(alloc.objective) else None
+            d = store.record_decision(s, time=now, policy=name, params=params,
+                                      inputs_digest=inputs.digest, objective=objective,
+                                      duration_s=duration, dry_run=self.dry_run,
+                                      targets=targets)
+            est = inputs.estimates
+            for i, j in enumerate(inputs.jobs):
+                store.record_estimate(s, job_id=j.id, time=now, model=ESTIMATOR_MODEL,
+                                      params=estimate_params(est, i),
+                                      remaining_work=_finite(est.remaining_work[i]),
+                                      remaining_work_sd=_finite(est.remaining_std[i]),
+                                      flags={"bits": int(est.flags[i])})
+            report.decision_id = d.id
+            report.objective = objective
+            report.managed = len(inputs.jobs)
+        log.info("decision %d: policy %s on %d jobs, %d GPUs free for malleable jobs, "
+                 "%.1f ms", report.decision_id, name, len(inputs.jobs), inputs.capacity.total,
+                 duration * 1e3)
+        return inputs, alloc
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, now: datetime, inputs: PolicyInputs, alloc: Allocation,
+              report: CycleReport, paused: bool) -> None:
+        """Reconcile the plan with what Slurm reports and start the actions it needs."""
+        jobs = inputs.jobs
+        g = inputs.capacity.gpus_per_node
+        with self.sessions() as s:
+            ids = [j.id for j in jobs]
+            held = daemon_holds(s, ids)
+            busy = {a.job_id for a in store.unfinished_actions(s)}
+            backoff = requeue_backoff(s, ids, now, self.config.daemon.requeue_backoff_s)
+            in_flight = sum(1 for a in store.unfinished_actions(s) if a.kind == "requeue")
+        views, targets = [], []
+        for i, j in enumerate(jobs):
+            sj = self.observed[j.slurm_job_id]
+            spec = j.spec or {}
+            shape = Shape(max(sj.node_count, 1 if sj.gpus else 0),
+                          sj.gpus_per_node or sj.gpus)
+            views.append(JobView(
+                job_id=j.slurm_job_id, state=sj.state, shape=shape, held=sj.held,
+                held_by_daemon=j.id in held, shrink_inplace=bool(spec.get("shrink_inplace")),
+                busy=j.id in busy,
+                requeue_blocked=(j.id in backoff or not sj.requeueable or not sj.batch)))
+            targets.append(Target(j.slurm_job_id, int(alloc.gpus[i]), int(alloc.batch[i]),
+                                  alloc.reason[i]))
+        # Plan order is the JobSet's (FIFO by arrival): earlier jobs get freed GPUs first.
+        running_malleable = sum(v.gpus for v in views if v.state == JobState.RUNNING)
+        free = max(0, inputs.capacity.total - running_malleable)
+        planned, skipped = plan_actions(views, targets, gpus_per_node=g, free_gpus=free,
+                                        requeues_in_flight=in_flight,
+                                        max_requeues=self.config.daemon.max_concurrent_requeues)
+        report.planned, report.skipped = planned, skipped
+        for p in planned:
+            job_logger(log, p.job_id).info("plan: %s %d -> %d GPUs (%s)%s", p.kind.value,
+                                           p.from_gpus, p.to_gpus, p.reason,
+                                           " [dry run]" if self.dry_run else
+                                           " [paused]" if paused else "")
+        if self.dry_run or paused or not planned:
+            return
+        for p in planned:
+            if p.kind in (ActionKind.REQUEUE, ActionKind.ADMIT) and p.to_shape is not None:
+                self._write_plan(p, now)
+        self.actuator.create(planned, now, decision_id=report.decision_id,
+                             observed=self.observed)
+
+    def _write_plan(self, p: PlannedAction, now: datetime) -> None:
+        try:
+            write_plan(self.spool_dir, Plan(job=p.job_id, t=now.timestamp(), gpus=p.to_gpus,
+                                            nodes=p.to_shape.nodes, batch=p.batch or None))
+        except (OSError, ValueError) as exc:
+            job_logger(log, p.job_id).warning("plan file not written: %s", exc)
+
+    # ------------------------------------------------------------------ cycles
+
+    def _begin(self, kind: str) -> tuple[CycleReport, datetime, float, int]:
+        self.number += 1
+        set_cycle(self.number)
+        now = self.clock()
+        return CycleReport(kind, self.number, now, dry_run=self.dry_run), now, self.timer(), \
+            self._rpc()
+
+    def _end(self, report: CycleReport, t0: float, rpc0: int) -> CycleReport:
+        report.duration_s = self.timer() - t0
+        report.rpc = self._rpc() - rpc0
+        self.last_report = report
+        log.info("%s cycle: %.3f s, %d Slurm RPCs, %d jobs, %d managed, %d action calls%s",
+                 report.kind, report.duration_s, report.rpc, report.jobs, report.managed,
+                 report.drive.rpc_count,
+                 " (Slurm unavailable: stale, nothing changed)" if report.slurm_unavailable
+                 else "")
+        return report
+
+    def _paused(self) -> bool:
+        with self.sessions() as s:
+            return store.is_paused(s)
+
+    def poll_cycle(self) -> CycleReport:
+        """Poll, ingest, advance in-flight actions."""
+        report, now, t0, rpc0 = self._begin("poll")
+        report.paused = self._paused()
+        if self.poll(now):
+            report.jobs = len(self.observed)
+            report.ingest = self.ingest(now)
+            report.drive = self.drive(now, report.paused)
+        else:
+            report.slurm_unavailable = True
+        return self._end(report, t0, rpc0)
+
+    def decide_cycle(self) -> CycleReport:
+        """Poll, ingest, advance actions, decide, reconcile, act."""
+        report, now, t0, rpc0 = self._begin("decide")
+        report.paused = self._paused()
+        if not self.poll(now):
+            report.slurm_unavailable = True
+            return self._end(report, t0, rpc0)
+        report.jobs = len(self.observed)
+        report.ingest = self.ingest(now)
+        report.drive = self.drive(now, report.paused)
+        if report.drive.slurm_unavailable:
+            report.slurm_unavailable = True
+            return self._end(report, t0, rpc0)
+        decided = self.decide(now, report)
+        if decided is not None:
+            inputs, alloc = decided
+            self.apply(now, inputs, alloc, report, report.paused)
+            if not (self.dry_run or report.paused):
+                more = self.actuator.drive(now, self.observed)
+                report.drive = _merge(report.drive, more)
+        return self._end(report, t0, rpc0)
+
+    def release_holds(self) -> int:
+        """Release every pending job the daemon holds for admission (graceful stop).
+
+        In-flight checkpoint-requeues are left to the next start, which drives them
+        to their release. Returns the number of jobs released.
+        """
+        if self.dry_run or not self.poll_ok:
+            return 0
+        n = 0
+        with self.sessions() as s:
+            pend = list(s.scalars(select(Job).where(Job.malleable.is_(True),
+                                                    Job.state == "PENDING")))
+            held = daemon_holds(s, [j.id for j in pend])
+            busy = {a.job_id for a in store.unfinished_actions(s)}
+        for job in pend:
+            sj = self.observed.get(job.slurm_job_id)
+            if job.id in held and job.id not in busy and sj is not None and sj.held:
+                try:
+                    self.slurm.release(job.slurm_job_id)
+                    n += 1
+                    job_logger(log, job.slurm_job_id).info("released on daemon stop")
+                except SlurmUnavailable as exc:
+                    log.warning("could not release holds on stop: %s", exc)
+                    break
+                except SlurmError as exc:
+                    job_logger(log, job.slurm_job_id).warning("release refused: %s", exc)
+                    continue
+                with self.sessions() as s, s.begin():
+                    # Recorded as a finished admission, so the hold is no longer the daemon's.
+                    a = store.create_action(s, job_id=job.id, kind=ActionKind.ADMIT.value,
+                                            state=Step.DONE.value, to_gpus=sj.gpus,
+                                            now=self.clock(), from_gpus=sj.gpus,
+                                            note="released on daemon stop")
+                    store.update_action(s, a.id, now=self.clock(), finished=True)
+        return n
+
+
+def _merge(a: DriveReport, b: DriveReport) -> DriveReport:
+    calls = dict(a.calls)
+    for k, v in b.calls.items():
+        calls[k] = calls.get(k, 0) + v
+    return replace(a, calls=calls, finished=a.finished + b.finished,
+                   abandoned_no_checkpoint=a.abandoned_no_checkpoint + b.abandoned_no_checkpoint,
+                   slurm_unavailable=a.slurm_unavailable or b.slurm_unavailable)
+
+
+def _finite(x) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+__all__ = ["CycleReport", "Daemon", "SpecError", "spec_as_dict"]

@@ -1,0 +1,246 @@
+"""What the policy sees: the state store and this cycle's poll, as policy records.
+
+Builds the policy's `JobSet` (the managed malleable jobs, FIFO by arrival),
+`Capacity` (per node, the GPUs malleable jobs may use: a node's GPUs minus
+those held by rigid or unmanaged jobs) and `Context` (time, seed, the size
+history of finished jobs), with the estimators' speedup table attached.
+
+A job whose stored values are unusable (a spec the store could not parse, a
+size that is not a legal shape, ...) is left out of this cycle with a logged
+reason; it never stops the cycle for the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from malleable.config import Config
+from malleable.daemon.estimates import EstimatorBook
+from malleable.db.models import Action, Job, JobEvent
+from malleable.estimators.pipeline import Estimates
+from malleable.policies.base import Capacity, Context, JobSet
+from malleable.slurm.hostlist import HostlistError, expand_hostlist
+from malleable.slurm.records import JobState, SlurmJob, SlurmNode
+
+log = logging.getLogger(__name__)
+
+MANAGED_STATES = (JobState.PENDING.value, JobState.RUNNING.value)
+
+
+@dataclass
+class PolicyInputs:
+    """One cycle's policy inputs and what was left out.
+
+    Attributes:
+        jobs: the `Job` rows in the JobSet's order.
+        jobset, capacity, context: the policy's records.
+        estimates: the estimators' output for ``jobs`` (same order).
+        excluded: Slurm id -> why a malleable job was left out this cycle.
+        digest: a hash of the inputs (`Decision.inputs_digest`).
+    """
+
+    jobs: list[Job]
+    jobset: JobSet
+    capacity: Capacity
+    context: Context
+    estimates: Estimates
+    excluded: dict[str, str] = field(default_factory=dict)
+    digest: str = ""
+
+
+def cluster_gpus_per_node(nodes: Sequence[SlurmNode]) -> int:
+    """g: the most common GPU count among nodes with GPUs (the cluster is taken as
+    homogeneous; nodes with another count are used only up to g). 0 if none has GPUs."""
+    counts = Counter(n.gpus for n in nodes if n.gpus > 0)
+    return counts.most_common(1)[0][0] if counts else 0
+
+
+def managed(job: Job, partitions: Sequence[str]) -> bool:
+    """Whether the daemon manages this job: malleable, valid spec, managed partition."""
+    if not job.malleable or not job.spec or job.spec_error:
+        return False
+    if partitions and not (set(job.partition.split(",")) & set(partitions)):
+        return False
+    return job.state in MANAGED_STATES
+
+
+def node_usage(observed: Iterable[SlurmJob], skip: set[str]) -> dict[str, int]:
+    """GPUs in use per node by running jobs not in ``skip`` (the managed ones).
+
+    A job's GPUs per node are spread over its node list; an unparseable node
+    list counts against no node (logged).
+    """
+    used: dict[str, int] = {}
+    for sj in observed:
+        if sj.state != JobState.RUNNING or sj.job_id in skip or sj.gpus <= 0:
+            continue
+        try:
+            names = expand_hostlist(sj.nodes) if sj.nodes else []
+        except HostlistError as exc:
+            log.warning("job %s: node list %r unreadable (%s); its GPUs are not counted",
+                        sj.job_id, sj.nodes, exc, extra={"job": sj.job_id})
+            continue
+        per = sj.gpus_per_node or (sj.gpus // max(len(names), 1))
+        for n in names:
+            used[n] = used.get(n, 0) + per
+    return used
+
+
+def capacity_for(nodes: Sequence[SlurmNode], observed: Iterable[SlurmJob], managed_ids: set[str],
+                 partitions: Sequence[str]) -> Capacity:
+    """Per node, GPUs malleable jobs may use (usable nodes of the managed partitions).
+
+    Args:
+        nodes: every node (`SlurmClient.nodes`).
+        observed: every job of this poll.
+        managed_ids: Slurm ids of the jobs the policy allocates (their GPUs count as free).
+        partitions: managed partitions; empty = every partition.
+
+    Returns:
+        `Capacity` with ``gpus_per_node`` g and ``free_per_node`` (N,) in [0, g].
+    """
+    g = cluster_gpus_per_node(nodes)
+    used = node_usage(observed, managed_ids)
+    free = []
+    for n in sorted(nodes, key=lambda n: n.name):
+        if not n.usable or n.gpus <= 0:
+            continue
+        if partitions and not (set(n.partitions) & set(partitions)):
+            continue
+        free.append(max(0, min(n.gpus, g) - used.get(n.name, 0)))
+    return Capacity(gpus_per_node=max(g, 1), free_per_node=np.array(free, dtype=np.int64))
+
+
+def _last_change(s: Session, ids: list[int]) -> dict[int, datetime]:
+    rows = s.execute(select(JobEvent.job_id, func.max(JobEvent.time))
+                     .where(JobEvent.job_id.in_(ids), JobEvent.kind.in_(("size", "restart")))
+                     .group_by(JobEvent.job_id))
+    return {j: t for j, t in rows}
+
+
+def _requested(s: Session, ids: list[int]) -> dict[int, int]:
+    rows = s.execute(select(JobEvent.job_id, JobEvent.new_gpus)
+                     .where(JobEvent.job_id.in_(ids), JobEvent.kind == "new"))
+    return {j: int(g or 0) for j, g in rows}
+
+
+def _measured_restart_cost(s: Session, ids: list[int]) -> dict[int, float]:
+    """Median seconds from the checkpoint signal to running again, per job, over its
+    completed checkpoint-requeues (save + queue + start; load time is in the job's
+    own progress)."""
+    rows = s.execute(select(Action.job_id, Action.signalled_at, Action.finished_at)
+                     .where(Action.job_id.in_(ids), Action.kind == "requeue",
+                            Action.state == "done", Action.to_gpus > 0,
+                            Action.signalled_at.is_not(None)))
+    per: dict[int, list[float]] = {}
+    for j, a, b in rows:
+        if a is not None and b is not None:
+            per.setdefault(j, []).append(max(0.0, (b - a).total_seconds()))
+    return {j: float(np.median(v)) for j, v in per.items()}
+
+
+def size_history(s: Session, limit: int = 5000) -> np.ndarray:
+    """Attained service (GPU-seconds) of the latest finished malleable jobs, for Gittins."""
+    rows = s.execute(select(Job.attained_gpu_s).where(
+        Job.malleable.is_(True), Job.state == JobState.COMPLETED.value,
+        Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(limit))
+    return np.array([float(r[0]) for r in rows], dtype=np.float64)
+
+
+def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[SlurmNode],
+                 book: EstimatorBook, now: datetime, config: Config, *, seed: int = 0,
+                 ) -> PolicyInputs:
+    """The policy's inputs for this cycle.
+
+    Args:
+        s: a session on the state store (the job rows are upserted from ``observed``).
+        observed: this cycle's poll by Slurm id (jobs Slurm does not report now are
+            not allocated).
+        nodes: this cycle's node list.
+        book: the estimator bookkeeping (updated here).
+        now: the daemon's clock.
+        config: settings (partitions, default restart cost).
+        seed: the policy's seed.
+
+    Returns:
+        `PolicyInputs`. Never raises for one job's bad values: the job is excluded.
+    """
+    partitions = list(config.slurm.partitions)
+    rows = list(s.scalars(select(Job).where(Job.malleable.is_(True),
+                                            Job.state.in_(MANAGED_STATES))))
+    excluded: dict[str, str] = {}
+    jobs: list[Job] = []
+    for j in rows:
+        if j.slurm_job_id not in observed:
+            excluded[j.slurm_job_id] = "not in this poll"
+            continue
+        if not managed(j, partitions):
+            excluded[j.slurm_job_id] = "partition not managed" if j.spec else "no valid spec"
+            continue
+        spec = j.spec or {}
+        try:
+            lo, hi, st = int(spec["min_gpus"]), int(spec["max_gpus"]), int(spec.get("step", 1))
+            if not (1 <= lo <= hi and st >= 1):
+                raise ValueError(f"gpus {lo}-{hi}, step {st}")
+        except (KeyError, TypeError, ValueError) as exc:
+            excluded[j.slurm_job_id] = f"bad spec: {exc}"
+            continue
+        jobs.append(j)
+    jobs.sort(key=lambda j: (j.arrival_time or j.first_seen, j.id))
+    for sid, why in excluded.items():
+        log.debug("left out of this cycle: %s", why, extra={"job": sid})
+
+    managed_ids = {j.slurm_job_id for j in jobs}
+    capacity = capacity_for(nodes, observed.values(), managed_ids, partitions)
+    g = capacity.gpus_per_node
+    est, table = book.run(s, jobs, g, capacity.total)
+
+    ids = [j.id for j in jobs]
+    changed = _last_change(s, ids)
+    requested = _requested(s, ids)
+    measured = _measured_restart_cost(s, ids)
+    default_cost = float(config.policy.default_restart_cost_s)
+    now_s = now.timestamp()
+
+    def restart_cost(j: Job) -> float:
+        declared = (j.spec or {}).get("restart_cost_s")
+        if isinstance(declared, int | float) and math.isfinite(declared) and declared >= 0:
+            return float(declared)
+        return measured.get(j.id, default_cost)
+
+    current = np.array([observed[j.slurm_job_id].gpus
+                        if observed[j.slurm_job_id].state == JobState.RUNNING else 0
+                        for j in jobs], dtype=np.int64)
+    jobset = JobSet(
+        ids=np.array([j.slurm_job_id for j in jobs], dtype=object),
+        min_gpus=np.array([int(j.spec["min_gpus"]) for j in jobs], dtype=np.int64),
+        max_gpus=np.array([int(j.spec["max_gpus"]) for j in jobs], dtype=np.int64),
+        step=np.array([int(j.spec.get("step", 1)) for j in jobs], dtype=np.int64),
+        current=current,
+        table=table,
+        attained=np.array([max(0.0, j.attained_gpu_s or 0.0) for j in jobs]),
+        age=np.array([max(0.0, now_s - (j.arrival_time or j.first_seen).timestamp())
+                      for j in jobs]),
+        restart_cost=np.array([restart_cost(j) for j in jobs]),
+        since_change=np.array([max(0.0, now_s - changed[j.id].timestamp()) if j.id in changed
+                               else math.inf for j in jobs]),
+        requested=np.array([requested.get(j.id, j.gpus) or int(j.spec["min_gpus"])
+                            for j in jobs], dtype=np.int64),
+        restarts=np.array([j.restart_count for j in jobs], dtype=np.int64),
+    )
+    context = Context(now=now_s, seed=seed, size_history=size_history(s))
+    digest = hashlib.sha256()
+    for arr in (jobset.ids.astype(str), current, capacity.free_per_node,
+                np.round(table.goodput, 6), np.round(table.remaining_work, 3)):
+        digest.update(np.ascontiguousarray(arr).tobytes())
+    return PolicyInputs(jobs, jobset, capacity, context, est, excluded, digest.hexdigest()[:32])

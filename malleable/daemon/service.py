@@ -1,0 +1,237 @@
+"""The service: the decision loop on APScheduler, with lease, signals and systemd.
+
+`run_service` is what ``malleable daemon`` runs in the foreground:
+
+1. open the state store and refuse an older or newer schema (an empty
+   database is created at the current schema);
+2. take the single-daemon lease (a second daemon refuses to start, naming the
+   holder);
+3. one poll (so the first decision sees the cluster), then READY=1 to systemd;
+4. APScheduler (3.x, blocking scheduler, ONE worker thread so jobs never
+   overlap, missed runs coalesced): ``poll`` every poll_interval_s, ``ingest``
+   every ingest_interval_s, ``decide`` every decide_interval_s,
+   ``housekeeping`` (retention) every housekeeping_interval_s, and the lease
+   heartbeat with the systemd watchdog ping;
+5. SIGHUP: reload the configuration (a bad file is refused, the old one kept);
+   SIGTERM/SIGINT: stop after the job in progress (its current Slurm call
+   completes and is recorded), release the daemon's admission holds, give the
+   lease back, exit 0.
+
+``--once`` runs one decide cycle (after the same checks) and exits: for cron
+and tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.blocking import BlockingScheduler
+
+from malleable.config import Config, ConfigError, load_config
+from malleable.daemon.cycle import CycleReport, Daemon
+from malleable.daemon.systemd import Notifier
+from malleable.db import schema
+from malleable.db.engine import engine_from_config, session_factory
+from malleable.db.lease import (
+    LeaseLost,
+    acquire_lease,
+    default_holder,
+    heartbeat_lease,
+    release_lease,
+)
+from malleable.db.retention import apply_retention
+from malleable.progress.spool import ensure_spool_dir
+from malleable.slurm import connect
+
+log = logging.getLogger(__name__)
+
+
+def utcnow() -> datetime:
+    """The daemon's wall clock (the only place the service reads it)."""
+    return datetime.now(UTC)
+
+
+@dataclass
+class ServiceOptions:
+    """How ``malleable daemon`` was started.
+
+    Attributes:
+        config_path: the TOML file (None: default search).
+        dry_run: plan and log, change nothing (overrides the file's ``daemon.dry_run``).
+        once: one decide cycle, then exit.
+        metrics: a callable receiving each `CycleReport` (the Prometheus exporter), or None.
+    """
+
+    config_path: str | None = None
+    dry_run: bool = False
+    once: bool = False
+    metrics: Callable[[CycleReport], None] | None = None
+
+
+class Service:
+    """One daemon process: owns the engine, the lease, the scheduler and the `Daemon`."""
+
+    def __init__(self, config: Config, options: ServiceOptions) -> None:
+        self.config = config
+        self.options = options
+        self.notifier = Notifier()
+        self.engine = engine_from_config(config)
+        schema.prepare_schema(self.engine)
+        self.sessions = session_factory(self.engine)
+        self.holder = default_holder()
+        self.dry_run = bool(options.dry_run or config.daemon.dry_run)
+        problems = ensure_spool_dir(config.progress.spool_dir)
+        for p in problems:
+            log.warning("spool %s: %s", config.progress.spool_dir, p)
+        self.daemon = Daemon(slurm=connect(config.slurm), sessions=self.sessions, clock=utcnow,
+                             spool_dir=config.progress.spool_dir, config=config,
+                             dry_run=self.dry_run)
+        self.scheduler: BlockingScheduler | None = None
+        self._stopping = threading.Event()
+
+    # ------------------------------------------------------------------ jobs
+
+    def _run(self, fn: Callable[[], CycleReport | None], what: str) -> None:
+        """Run one scheduled job; an exception is logged and the next run tries again."""
+        if self._stopping.is_set():
+            return
+        try:
+            report = fn()
+        except Exception:  # the service must outlive any single cycle's failure
+            log.exception("%s failed; will run again at the next interval", what)
+            return
+        if report is not None and self.options.metrics is not None:
+            self.options.metrics(report)
+        if report is not None:
+            self.notifier.status(f"{report.kind} cycle {report.number}: "
+                                 f"{report.managed} malleable jobs, {report.rpc} RPCs"
+                                 + (" (Slurm unavailable)" if report.slurm_unavailable else ""))
+
+    def _heartbeat(self) -> None:
+        try:
+            heartbeat_lease(self.engine, self.holder)
+        except LeaseLost as exc:
+            log.error("%s; stopping so that only one daemon acts", exc)
+            self.stop()
+            return
+        self.notifier.watchdog()
+
+    def _housekeeping(self) -> None:
+        r = apply_retention(self.engine, self.config.retention)
+        log.info("retention: %s", r)
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self) -> int:
+        """Take the lease, run until stopped (or once). Returns the exit code."""
+        acquire_lease(self.engine, self.holder, timeout_s=self.config.daemon.lease_timeout_s)
+        log.info("lease taken by %s; policy %s; %s", self.holder, self.config.policy.name,
+                 "DRY RUN: no change to Slurm" if self.dry_run else "acting on Slurm")
+        try:
+            if self.options.once:
+                self.daemon.decide_cycle()
+                return 0
+            self.daemon.poll_cycle()
+            self.daemon.refresh_nodes(utcnow(), force=True)
+            self.notifier.ready(f"polling every {self.config.daemon.poll_interval_s:.0f} s")
+            self._schedule()
+            self.scheduler.start()  # blocks until stop()
+            return 0
+        finally:
+            if not self.options.once:
+                try:
+                    n = self.daemon.release_holds()
+                    if n:
+                        log.info("released %d job(s) the daemon held", n)
+                except Exception:  # the stop must complete whatever happens
+                    log.exception("releasing holds on stop failed")
+            release_lease(self.engine, self.holder)
+            self.engine.dispose()
+
+    def _schedule(self) -> None:
+        d = self.config.daemon
+        sched = BlockingScheduler(executors={"default": ThreadPoolExecutor(max_workers=1)},
+                                  job_defaults={"coalesce": True, "max_instances": 1,
+                                                "misfire_grace_time": None},
+                                  timezone=UTC)
+        sched.add_job(self._run, "interval", seconds=d.poll_interval_s,
+                      args=[self.daemon.poll_cycle, "poll"], id="poll")
+        sched.add_job(self._run, "interval", seconds=d.ingest_interval_s,
+                      args=[self._ingest, "ingest"], id="ingest")
+        sched.add_job(self._run, "interval", seconds=d.decide_interval_s,
+                      args=[self.daemon.decide_cycle, "decide"], id="decide",
+                      next_run_time=utcnow())
+        sched.add_job(self._run, "interval", seconds=d.housekeeping_interval_s,
+                      args=[self._housekeeping, "housekeeping"], id="housekeeping")
+        beat = min(self.config.daemon.lease_timeout_s / 3,
+                   self.notifier.watchdog_interval_s or 30.0)
+        sched.add_job(self._heartbeat, "interval", seconds=max(beat, 1.0), id="heartbeat",
+                      executor="default")
+        self.scheduler = sched
+
+    def _ingest(self) -> None:
+        self.daemon.ingest(utcnow())
+
+    def stop(self) -> None:
+        """Stop after the job in progress (SIGTERM/SIGINT)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self.notifier.stopping()
+        if self.scheduler is not None and self.scheduler.running:
+            # wait=False: we are called from a signal handler in the main thread, while
+            # the worker thread finishes its current job; shutdown joins it below.
+            threading.Thread(target=self.scheduler.shutdown, kwargs={"wait": True},
+                             daemon=True).start()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the configuration; keep the old one if the new one is bad."""
+        self.notifier.reloading()
+        try:
+            new = load_config(self.options.config_path)
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+            self.notifier.ready("reload refused")
+            return
+        if new.database.url != self.config.database.url:
+            log.warning("database.url changed in %s; it takes effect at the next restart",
+                        new.source)
+            new = _with_database(new, self.config)
+        self.config = new
+        self.daemon.config = new
+        if self.scheduler is not None:
+            d = new.daemon
+            for job_id, seconds in (("poll", d.poll_interval_s), ("ingest", d.ingest_interval_s),
+                                    ("decide", d.decide_interval_s),
+                                    ("housekeeping", d.housekeeping_interval_s)):
+                self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
+        log.info("configuration reloaded from %s", new.source)
+        self.notifier.ready("configuration reloaded")
+
+
+def _with_database(new: Config, old: Config) -> Config:
+    from dataclasses import replace
+
+    return replace(new, database=old.database)
+
+
+def run_service(config: Config, options: ServiceOptions) -> int:
+    """Run the daemon in the foreground until SIGTERM (or once). Returns the exit code.
+
+    Raises:
+        malleable.db.errors.StoreError: the database is unusable, its schema too old or
+            too new, or the lease is held by another daemon (the CLI turns these into
+            one-line errors with exit code 2).
+    """
+    service = Service(config, options)
+    if not options.once:
+        signal.signal(signal.SIGTERM, lambda *_: service.stop())
+        signal.signal(signal.SIGINT, lambda *_: service.stop())
+        signal.signal(signal.SIGHUP, lambda *_: service.reload())
+    return service.start()
