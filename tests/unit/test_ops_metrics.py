@@ -138,3 +138,18 @@ def test_off_by_default_and_address_validation(setup):
     for bad in ("9464", "host:", "host:99999", "host:0", "[::1:9464", "a:b:9464"):
         with pytest.raises(ValueError, match="metrics.address = .*expected host:port"):
             parse_address(bad)
+
+
+def test_the_operator_guide_lists_exactly_the_exported_metrics(setup):
+    import re
+    from pathlib import Path
+
+    _, config = setup
+    exp = Exporter(config)
+    exported = set()
+    for fam in exp.registry.collect():
+        exported.add(fam.name + ("_total" if fam.type == "counter" else ""))
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md").read_text()
+    documented = set(re.findall(r"^\| `(malleable_[a-z_]+)[`{]", guide, flags=re.M))
+    assert documented == exported
+    exp.close()
