@@ -42,6 +42,10 @@ READ_HINT = ("reading needs read access to the database file, its -wal and -shm 
              "'Who may do what'")
 
 
+WRITE_HINT = ("changing settings needs write access to the database file: run it with sudo, or "
+              "see docs/operator-guide.md, 'Who may do what'")
+
+
 def effective_config(config_path: str | None, database_url: str | None) -> Config:
     """The configuration for a command: the file (or defaults), then ``--database-url``.
 
@@ -165,6 +169,8 @@ def open_store(config: Config, *, write: bool = False) -> Iterator[Store]:
     url = config.database.url
     path = sqlite_path(url)
     readonly_file = False
+    if path is not None and write and _stat(path) is not None and not os.access(path, os.W_OK):
+        raise DatabaseUnavailable(str(path), f"read-only for you (no write permission); {WRITE_HINT}")
     if path is not None and not write:
         st = _stat(path)
         if st is not None and not os.access(path, os.R_OK):

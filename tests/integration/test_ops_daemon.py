@@ -365,3 +365,7 @@ def test_read_commands_on_the_database_after_the_daemon_stopped(live: Live):
         check_schema(doc)
     r = live.exe("status", user="nobody", groups=[READ_GROUP])
     assert r.returncode == 0 and "absent" in r.stdout
+    # an operator-group member without write access to the file is told what is missing
+    r = live.exe("pause", user="nobody", groups=[READ_GROUP, OP_GROUP])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "read-only for you" in r.stderr and "sudo" in r.stderr
