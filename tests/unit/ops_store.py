@@ -52,7 +52,7 @@ def _job(job_id: str, state: JobState, gpus: int, nodes: int = 1, comment: str =
 class Built:
     """What the tests need to know about the built store."""
 
-    path: Path
+    path: Path | str
     url: str
     table: SpeedupTable          # the daemon's speedup table for [101, 102] at g = 4
     remaining_101: float          # remaining work of 101's estimate, samples at m0
@@ -61,9 +61,10 @@ class Built:
     hold_id: int
 
 
-def build_store(path: Path) -> Built:
-    """Create and fill the store at ``path`` (see the module docstring)."""
-    url = f"sqlite:///{path}"
+def build_store(path: Path | str) -> Built:
+    """Create and fill the store at ``path`` (an SQLite file) or at an SQLAlchemy URL
+    (e.g. PostgreSQL's); see the module docstring."""
+    url = path if isinstance(path, str) else f"sqlite:///{path}"
     engine: Engine = make_engine(url)
     schema.upgrade(engine)
     S = session_factory(engine)

@@ -403,3 +403,46 @@ def test_shell_completion(words, cword, expect):
            "COMP_CWORD": str(cword)}
     r = CliRunner().invoke(main, [], env=env, prog_name="malleable")
     assert expect in r.stdout.splitlines(), r.stdout
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+@pytest.mark.postgres
+def test_commands_on_postgresql(postgres_url, tmp_path, monkeypatch):
+    """The same store on a real PostgreSQL server, named with --database-url; and the
+    plan's scratch copy there is a transaction that is rolled back."""
+    from sqlalchemy import select
+
+    from malleable.db.models import Setting
+    from malleable.ops.plan import scratch_sessions
+
+    built = build_store(postgres_url)
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    cfg = write_config(tmp_path / "pg.toml", "sqlite:////nonexistent/unused.db")
+
+    def run(*args):
+        return CliRunner().invoke(main, [*args, "--config", str(cfg), "--database-url",
+                                         postgres_url], prog_name="malleable")
+
+    doc = js(run("status", "--json"))
+    assert [j["job_id"] for j in doc["jobs"]] == ["101", "102"]
+    assert doc["jobs"][0]["throughput"] == pytest.approx(1800.0)
+    assert doc["database"].startswith("postgresql+psycopg://")
+    assert doc["last_decision"]["id"] == built.decision_id
+    assert js(run("job", "show", "101", "--json"))["progress"]["lines_stored"] == 24
+    assert len(js(run("actions", "--json"))["actions"]) == 2
+    assert js(run("pause", "--json"))["paused"]
+    assert js(run("policy", "set", "las", "continuous=true", "--json"))["name"] == "las"
+    assert js(run("status", "--json"))["paused"] is True
+    config = effective_config(str(cfg), postgres_url)
+    with open_store(config) as st:
+        with scratch_sessions(st) as sessions:
+            with sessions() as s, s.begin():
+                store.set_paused(s, False)
+                store.set_setting(s, "scratch", 1)
+            with sessions() as s:
+                assert store.is_paused(s) is False
+        with st.sessions() as s:
+            assert store.is_paused(s) is True
+            assert s.scalar(select(Setting).where(Setting.key == "scratch")) is None
