@@ -181,6 +181,22 @@ def _up(lv: Live) -> bool:
     return (metric(text, "malleable_cycles_total", kind="decide", outcome="ok") or 0) >= 1
 
 
+def wait_for(live: Live, pred, what: str, job: str | None = None, timeout: float = 120):
+    """`wait_until` whose failure message shows the job's latest targets and the daemon log."""
+    try:
+        return wait_until(pred, timeout=timeout, interval=1, what=what)
+    except AssertionError as exc:
+        extra = ""
+        if job is not None:
+            r = live.cli("job", "show", job, "--json")
+            if r.exit_code == 0:
+                doc = json.loads(r.stdout)
+                extra = json.dumps({"targets": doc["targets"][:5], "actions": doc["actions"],
+                                    "job": doc["job"]["state"]}, indent=1)
+        raise AssertionError(f"{exc}\n{extra}\ndaemon log:\n"
+                             f"{live.log.read_text()[-4000:]}") from None
+
+
 def _requeued(lv: Live, job: str):
     r = lv.cli("actions", "--job", job, "--json")
     if r.exit_code == 2 and "not in the state store" in r.stderr:
@@ -193,9 +209,16 @@ def _requeued(lv: Live, job: str):
 
 
 def test_read_commands_and_metrics_while_a_job_is_resized(live: Live):
+    # Paused until the job logs progress: examples/emulated_job.sbatch installs its
+    # checkpoint-signal trap only after it started the trainer, and a signal before that
+    # kills the batch shell (the daemon may decide within a second of the job's start).
+    assert live.json("pause")["paused"]
     job = live.submit()
-    wait_until(lambda: _requeued(live, job), timeout=120, interval=1,
-               what=f"job {job} checkpoint-requeued from 2 to 4 GPUs")
+    wait_for(live, lambda: (j := _status_job(live, job)) and j["throughput"],
+             f"job {job} running with progress", job)
+    assert live.json("resume")["paused"] is False
+    wait_for(live, lambda: _requeued(live, job), f"job {job} checkpoint-requeued from 2 to 4 GPUs",
+             job)
     wait_until(lambda: (j := _status_job(live, job)) and j["throughput"] and j["gpus"] == 4,
                timeout=60, interval=1, what=f"job {job} running on 4 GPUs with throughput")
 
@@ -310,8 +333,8 @@ def test_pause_resume_and_policy_while_the_daemon_runs(live: Live):
     # paused: the daemon keeps deciding, but starts nothing for a new job
     job = live.submit()
     wait_until(lambda: (d := live.json("status"))["last_decision"]["id"] > last + 2
-               and any(x["job_id"] == job and x["state"] == "RUNNING" for x in d["jobs"]),
-               timeout=60, interval=1, what="decisions while paused")
+               and any(x["job_id"] == job and x["throughput"] for x in d["jobs"]),
+               timeout=60, interval=1, what="decisions while paused, the job logging progress")
     wait_until(lambda: metric(live.metrics(), "malleable_paused") == 1, timeout=20,
                what="paused in the metrics")
     assert live.json("actions", "--job", job)["actions"] == []
@@ -328,13 +351,21 @@ def test_pause_resume_and_policy_while_the_daemon_runs(live: Live):
     assert live.json("policy", "show")["params"] == {"risk": 0.5}
     r = live.cli("policy", "set", "nonsense")
     assert r.exit_code == 2 and "unknown policy 'nonsense'" in r.stderr
-    assert live.json("policy", "set", "equi")["name"] == "equi"
+    assert "policy: srpt risk=0.5" in live.cli("policy", "show").stdout
+    r = live.cli("policy", "set", "equi")
+    assert r.exit_code == 0 and r.stdout.startswith("policy set: equi"), r.output
+    assert live.json("policy", "show")["name"] == "equi"
+    # the commands that need neither the daemon nor the database, with it running
+    names = [p["name"] for p in live.json("policy", "list")["policies"]]
+    assert "srpt" in names and "srpt" in live.cli("policy", "list").stdout
+    conf = live.json("config", "show")
+    assert conf["sections"]["metrics"]["address"] == f"127.0.0.1:{live.port}"
+    assert 'group = "staff"' in live.cli("config", "show").stdout
 
     # resume (the operator group member again): the daemon acts on the new job
     r = live.exe("resume", user="nobody", groups=[READ_GROUP, OP_GROUP])
     assert r.returncode == 0 and r.stdout.startswith("resumed"), r.stderr
-    wait_until(lambda: _requeued(live, job), timeout=120, interval=1,
-               what=f"job {job} resized after resume")
+    wait_for(live, lambda: _requeued(live, job), f"job {job} resized after resume", job)
     assert metric(live.metrics(), "malleable_paused") == 0
 
 
