@@ -289,7 +289,9 @@ PLAN = _schema("malleable.plan/1", "malleable plan",
         "gpus_per_node": _t("integer", "g"),
         "free_gpus": _t("integer", "GPUs not held by rigid or unmanaged jobs"),
         "nodes": _t("integer", "usable GPU nodes of the managed partitions")}),
-    "slurm_rpcs": _t("integer", "Slurm commands the plan ran (one poll, the node list)"),
+    "slurm_rpcs": _t("integer", "Slurm commands the plan ran: one poll of the jobs and the "
+                                  "node list (3 with the command-line backend: squeue, "
+                                  "scontrol show node, scontrol show partition)"),
     "jobs": _arr("the managed malleable jobs in the policy's order", _obj("a job", {
         "job_id": _t("string", "Slurm job id"), "name": _t("string", "job name"),
         "state": _t("string", "Slurm state now"),
