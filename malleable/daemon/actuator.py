@@ -291,7 +291,7 @@ class Actuator:
                             next_attempt_at=None, finished=step.terminal, **kw)
         if step.terminal:
             report.finished.append((state.job_id, step.value))
-            jlog.info("action %d (%s) %s: %s", a.id, a.kind, step.value, note or "")
+            jlog.info("action %d (%s) %s%s", a.id, a.kind, step.value, f": {note}" if note else "")
             if (step == Step.ABANDONED and state.step == Step.WAIT_CHECKPOINT
                     and "grace" in (note or "")):
                 report.abandoned_no_checkpoint.append(state.job_id)

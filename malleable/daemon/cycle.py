@@ -170,12 +170,13 @@ class Daemon:
 
     # ------------------------------------------------------------------ steps
 
-    def _rpc(self) -> int:
+    def rpc_count(self) -> int:
+        """Slurm RPCs made through this daemon's port so far (the port's ``rpc_count``)."""
         return int(getattr(self.slurm, "rpc_count", 0))
 
     def poll(self, now: datetime) -> bool:
         """One ``jobs()`` RPC; store jobs and events. False if Slurm did not answer."""
-        rpc0 = self._rpc()
+        rpc0 = self.rpc_count()
         try:
             jobs = self.slurm.jobs()
         except SlurmError as exc:
@@ -184,7 +185,7 @@ class Daemon:
                         "it answers", exc)
             return False
         finally:
-            self._rpc_poll += self._rpc() - rpc0
+            self._rpc_poll += self.rpc_count() - rpc0
         skipped = list(getattr(self.slurm, "parse_errors", None) or ())
         with self.sessions() as s, s.begin():
             store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict)
@@ -216,14 +217,14 @@ class Daemon:
         if (not force and self.nodes and self.nodes_at is not None
                 and (now - self.nodes_at).total_seconds() < self.nodes_refresh_s):
             return True
-        rpc0 = self._rpc()
+        rpc0 = self.rpc_count()
         try:
             self.nodes = self.slurm.nodes()
         except SlurmError as exc:
             log.warning("node list unavailable: %s", exc)
             return bool(self.nodes)
         finally:
-            self._rpc_nodes += self._rpc() - rpc0
+            self._rpc_nodes += self.rpc_count() - rpc0
         self.nodes_at = now
         return True
 
@@ -368,6 +369,8 @@ class Daemon:
                                         requeues_in_flight=in_flight,
                                         max_requeues=self.config.daemon.max_concurrent_requeues)
         report.planned, report.skipped = planned, skipped
+        for sk in skipped:
+            job_logger(log, sk.job_id).debug("left alone this cycle: %s", sk.reason)
         for p in planned:
             job_logger(log, p.job_id).info("plan: %s %d -> %d GPUs (%s)%s", p.kind.value,
                                            p.from_gpus, p.to_gpus, p.reason,
@@ -421,11 +424,11 @@ class Daemon:
         now = self.clock()
         self._rpc_poll = self._rpc_nodes = 0
         return CycleReport(kind, self.number, now, dry_run=self.dry_run), now, self.timer(), \
-            self._rpc()
+            self.rpc_count()
 
     def _end(self, report: CycleReport, t0: float, rpc0: int) -> CycleReport:
         report.duration_s = self.timer() - t0
-        report.rpc = self._rpc() - rpc0
+        report.rpc = self.rpc_count() - rpc0
         report.rpc_poll, report.rpc_nodes = self._rpc_poll, self._rpc_nodes
         self.last_report = report
         calls = report.drive.calls

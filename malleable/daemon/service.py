@@ -161,17 +161,20 @@ class Service:
         acquire_lease(self.engine, self.holder, timeout_s=timeout)
 
     def _cluster(self) -> None:
-        """Read and log the cluster at start (also primes the port's version cache)."""
+        """Read and log the cluster and the node list at start (also primes the port's
+        version cache, so that no cycle pays for it)."""
         slurm = self.daemon.slurm
-        rpc0 = getattr(slurm, "rpc_count", 0)
+        rpc0 = self.daemon.rpc_count()
         try:
             info = slurm.cluster()
         except SlurmError as exc:
-            log.warning("Slurm does not answer at start (%s); polling until it does", exc)
+            log.warning("Slurm does not answer at start (%s); polling until it does "
+                        "(start-up: %d Slurm RPCs)", exc, self.daemon.rpc_count() - rpc0)
             return
+        self.daemon.refresh_nodes(utcnow(), force=True)
         log.info("Slurm %s: %d nodes, %d GPUs per node, partitions %s (start-up: %d Slurm "
                  "RPCs)", info.version, info.nodes, info.gpus_per_node,
-                 ",".join(info.partitions) or "-", getattr(slurm, "rpc_count", 0) - rpc0)
+                 ",".join(info.partitions) or "-", self.daemon.rpc_count() - rpc0)
 
     def start(self) -> int:
         """Take the lease, run until stopped (or once). Returns the exit code."""
@@ -184,7 +187,6 @@ class Service:
                 self.daemon.decide_cycle()
                 return 0
             self.daemon.poll_cycle()
-            self.daemon.refresh_nodes(utcnow(), force=True)
             self.notifier.ready(f"polling every {self.config.daemon.poll_interval_s:.0f} s")
             self._schedule()
             self.scheduler.start()  # blocks until stop()
@@ -194,9 +196,11 @@ class Service:
             # step after it are recorded) before the cleanup.
             with self._busy:
                 if not self.options.once:
+                    rpc0 = self.daemon.rpc_count()
                     try:
                         n = self.daemon.release_holds()
-                        log.info("stopping: released %d job(s) the daemon held", n)
+                        log.info("stopping: released %d job(s) the daemon held (%d Slurm RPCs)",
+                                 n, self.daemon.rpc_count() - rpc0)
                     except Exception:  # the stop must complete whatever happens
                         log.exception("releasing holds on stop failed")
                 release_lease(self.engine, self.holder)
@@ -253,6 +257,9 @@ class Service:
             log.warning("database.url changed in %s; it takes effect at the next restart",
                         new.source)
             new = _with_database(new, self.config)
+        if new.daemon.dry_run != self.config.daemon.dry_run:
+            log.warning("daemon.dry_run changed in %s; it takes effect at the next restart",
+                        new.source)
         self.config = new
         self.daemon.config = new
         if self.scheduler is not None:
@@ -261,7 +268,9 @@ class Service:
                                     ("decide", d.decide_interval_s),
                                     ("housekeeping", d.housekeeping_interval_s)):
                 self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
-        log.info("configuration reloaded from %s", new.source)
+        log.info("configuration reloaded from %s (policy %s, poll %g s, decide %g s)",
+                 new.source, new.policy.name, new.daemon.poll_interval_s,
+                 new.daemon.decide_interval_s)
         self.notifier.ready("configuration reloaded")
 
 
