@@ -161,6 +161,7 @@ class Daemon:
         self.observed: dict[str, SlurmJob] = {}
         self.poll_ok = False
         self.poll_incomplete = False
+        self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
         self.nodes: list[SlurmNode] = []
@@ -197,6 +198,7 @@ class Daemon:
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
         self.poll_incomplete = bool(skipped)
+        self._lookups = {}
         return True
 
     @staticmethod
@@ -250,12 +252,23 @@ class Daemon:
             return DriveReport()
         if paused:
             self._park_for_pause(now)
-        return self.actuator.drive(now, self.observed,
-                                   refresh=self._lookup if self.poll_incomplete else None)
+        return self.actuator.drive(now, self.observed, refresh=self._refresh())
+
+    def _refresh(self) -> Callable[[str], SlurmJob | None] | None:
+        return self._lookup if self.poll_incomplete else None
 
     def _lookup(self, job_id: str) -> SlurmJob | None:
-        """One job's state (one RPC), for an action whose job the poll skipped."""
-        return self.slurm.job(job_id)
+        """One job's state (one RPC per job and poll), for an action whose job the poll
+        skipped. Raises `SlurmError` (again, without a new RPC) if it could not be read."""
+        if job_id not in self._lookups:
+            try:
+                self._lookups[job_id] = self.slurm.job(job_id)
+            except SlurmError as exc:
+                self._lookups[job_id] = exc
+        got = self._lookups[job_id]
+        if isinstance(got, SlurmError):
+            raise got
+        return got
 
     @staticmethod
     def _untouched(a) -> bool:
@@ -479,44 +492,72 @@ class Daemon:
             inputs, alloc = decided
             self.apply(now, inputs, alloc, report, report.paused)
             if not (self.dry_run or report.paused):
-                more = self.actuator.drive(now, self.observed)
+                more = self.actuator.drive(now, self.observed, refresh=self._refresh())
                 report.drive = _merge(report.drive, more)
         return self._end(report, t0, rpc0)
 
     def release_holds(self) -> int:
-        """Release every pending job the daemon holds for admission (graceful stop).
+        """Release every job the daemon holds (graceful stop). Returns how many.
 
-        In-flight checkpoint-requeues are left to the next start, which drives them
-        to their release. Returns the number of jobs released.
+        * pending jobs it holds for admission (their release is recorded as a
+          finished admission, so the hold is no longer the daemon's);
+        * jobs it requeued and holds, whose checkpoint-requeue waits between
+          requeue_hold and release (only when Slurm refused a resize and the retry is
+          due later): the begin-time delay is cleared and the job released at the
+          size Slurm has for it; the action goes on to OBSERVE.
+
+        Other in-flight actions are left to the next start. Nothing is done in dry
+        run or without a successful poll (the state would be unknown).
         """
         if self.dry_run or not self.poll_ok:
             return 0
         n = 0
         with self.sessions() as s:
-            pend = list(s.scalars(select(Job).where(Job.malleable.is_(True),
-                                                    Job.state == "PENDING")))
+            # The last poll as the actuator left it (a job it requeued since is pending).
+            pending = [sid for sid, sj in self.observed.items()
+                       if sj.state == JobState.PENDING and sj.held]
+            pend: list[Job] = []
+            for i in range(0, len(pending), 500):
+                pend += s.scalars(select(Job).where(Job.malleable.is_(True),
+                                                    Job.slurm_job_id.in_(pending[i:i + 500])))
             held = daemon_holds(s, [j.id for j in pend])
-            busy = {a.job_id for a in store.unfinished_actions(s)}
+            unfinished = store.unfinished_actions(s)
+            busy = {a.job_id for a in unfinished}
+            requeued = {a.job_id: a.id for a in unfinished if a.kind == ActionKind.REQUEUE.value
+                        and a.state in (Step.RESIZE.value, Step.START_NOW.value,
+                                        Step.RELEASE.value)}
         for job in pend:
             sj = self.observed.get(job.slurm_job_id)
-            if job.id in held and job.id not in busy and sj is not None and sj.held:
-                try:
-                    self.slurm.release(job.slurm_job_id)
-                    n += 1
-                    job_logger(log, job.slurm_job_id).info("released on daemon stop")
-                except SlurmUnavailable as exc:
-                    log.warning("could not release holds on stop: %s", exc)
-                    break
-                except SlurmError as exc:
-                    job_logger(log, job.slurm_job_id).warning("release refused: %s", exc)
+            if sj is None or not sj.held:
+                continue
+            mid_requeue = job.id in requeued
+            if not (mid_requeue or (job.id in held and job.id not in busy)):
+                continue
+            jlog = job_logger(log, job.slurm_job_id)
+            try:
+                if mid_requeue:
+                    self.slurm.start_now(job.slurm_job_id)
+                self.slurm.release(job.slurm_job_id)
+                n += 1
+                jlog.info("released on daemon stop%s", " (mid-requeue, at the size Slurm has "
+                          f"for it: {sj.gpus} GPUs)" if mid_requeue else "")
+            except SlurmUnavailable as exc:
+                log.warning("could not release holds on stop: %s", exc)
+                break
+            except SlurmError as exc:
+                jlog.warning("release refused: %s", exc)
+                continue
+            with self.sessions() as s, s.begin():
+                now = self.clock()
+                if mid_requeue:
+                    store.update_action(s, requeued[job.id], now=now, state=Step.OBSERVE.value,
+                                        next_attempt_at=None, attempts=0,
+                                        note="released on daemon stop")
                     continue
-                with self.sessions() as s, s.begin():
-                    # Recorded as a finished admission, so the hold is no longer the daemon's.
-                    a = store.create_action(s, job_id=job.id, kind=ActionKind.ADMIT.value,
-                                            state=Step.DONE.value, to_gpus=sj.gpus,
-                                            now=self.clock(), from_gpus=sj.gpus,
-                                            note="released on daemon stop")
-                    store.update_action(s, a.id, now=self.clock(), finished=True)
+                a = store.create_action(s, job_id=job.id, kind=ActionKind.ADMIT.value,
+                                        state=Step.DONE.value, to_gpus=sj.gpus, now=now,
+                                        from_gpus=sj.gpus, note="released on daemon stop")
+                store.update_action(s, a.id, now=now, finished=True)
         return n
 
 

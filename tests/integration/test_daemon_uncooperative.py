@@ -5,7 +5,7 @@ with a 2 s grace but ignores the checkpoint signal: it logs that it got it and
 keeps running, never writing ``checkpointed``. `equi` wants it on 4 GPUs, so the
 daemon tries a checkpoint-requeue: it signals the job, waits out the grace,
 abandons the action (the job keeps running, untouched) and records a
-``no_checkpoint`` event; the next attempt waits ``requeue_backoff_s`` (4 s here),
+``no_checkpoint`` event; the next attempt waits ``requeue_backoff_s`` (3 s here),
 the one after twice that (exponential back-off).
 """
 
@@ -30,7 +30,7 @@ from tests.integration.daemon_support import (
 
 pytestmark = pytest.mark.slurm
 
-BACKOFF_S = 4.0
+BACKOFF_S = 3.0
 
 
 def test_a_job_that_ignores_the_signal_keeps_running_and_is_backed_off(slurm, tmp_path):

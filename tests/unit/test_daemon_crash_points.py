@@ -72,6 +72,13 @@ def test_a_crash_at_each_point_loses_nothing_and_requeues_once(tmp_path, point):
     assert {j: (c.job(j).gpus, c.job(j).restart_count) for j in (s, p, q)} == \
         {s: (4, 0), p: (4, 1), q: (4, 1)}
 
+    assert not any(j.held for j in c.slurm.jobs())
+    with c.sessions() as ses:
+        assert set(ses.scalars(select(Action.state)).all()) == {"done"}
+    if point not in HOLD_ADMIT:
+        assert fired == [point]
+        return
+
     # Phase 2: X does not fit (held), then S and Q leave and X is admitted at 8 GPUs.
     x = c.submit(3, 4, RigidJob(1e6),
                  "malleable:gpus=8-12,step=4,grace=60,batch=512,restart_cost=0")

@@ -24,7 +24,7 @@ from malleable.sim.engine import Engine
 from malleable.sim.jobs import ProfileJob, RigidJob
 from malleable.sim.profiles import load_profile
 from malleable.sim.slurm import SimSlurm
-from malleable.slurm.client import SlurmParseError
+from malleable.slurm.client import SlurmParseError, SlurmRejected, SlurmUnavailable
 from malleable.slurm.records import JobState, SubmitRequest
 
 SPEC = "malleable:gpus=2-4,step=2,grace=60,batch=512,restart_cost=0"
@@ -49,6 +49,28 @@ class SkippingSlurm(SimSlurm):
             self.rpc_count += 1
             raise SlurmParseError("scontrol show job: JobState=??? unreadable", field="JobState")
         return super().job(job_id)
+
+
+class FlakySlurm(SimSlurm):
+    """SimSlurm whose listed methods fail: ``down`` ones as an unanswered controller
+    (`SlurmUnavailable`), ``refuse`` ones as a refusal (`SlurmRejected`)."""
+
+    down: frozenset[str] = frozenset()
+    refuse: frozenset[str] = frozenset()
+
+    def __getattribute__(self, name):
+        if name in object.__getattribute__(self, "down"):
+            def unavailable(*_a, **_k):
+                self.rpc_count += 1
+                raise SlurmUnavailable(f"{name}: Unable to contact slurm controller")
+            return unavailable
+        if name in object.__getattribute__(self, "refuse"):
+            def refused(job_id, *_a, **_k):
+                self.rpc_count += 1
+                raise SlurmRejected(f"{name} {job_id}: refused", job_id=job_id,
+                                    slurm_message="Job is no longer pending execution")
+            return refused
+        return super().__getattribute__(name)
 
 
 class Cluster:
@@ -183,14 +205,16 @@ def test_a_job_missing_from_a_poll_with_parse_errors_is_not_taken_as_finished(tm
     c.slurm.skip = frozenset({p, h})
     c.slurm.lookup_fails = True
     c.advance(10)
-    r = c.daemon.poll_cycle()
+    r = c.daemon.decide_cycle()                       # drives twice: looks H up once
     with c.sessions() as s:
         states = dict(s.execute(select(Job.slurm_job_id, Job.state)).all())
         vanished = s.scalars(select(JobEvent).where(JobEvent.detail.like("%no longer%"))).all()
     assert states == {p: "RUNNING", h: "PENDING"} and vanished == []
     (a,) = c.actions(h)                               # looked up, unreadable: it waits
     assert a.state == "hold" and a.finished_at is None and not c.job(h).held
-    assert r.rpc == 2 and r.rpc_poll == 1             # the poll and one lookup
+    # The poll, one lookup (not one per drive), and the first node-list read.
+    assert (r.rpc, r.rpc_poll, r.rpc_nodes) == (3, 1, 1)
+    assert r.decision_id is not None                  # the others are still decided for
 
     c.slurm.lookup_fails = False
     c.advance(10)
@@ -220,3 +244,51 @@ def test_a_steady_decide_cycle_costs_one_rpc(tmp_path):
         assert r.managed == 4 and not r.planned
         assert (r.rpc, r.rpc_poll, r.rpc_nodes, r.drive.rpc_count) == (1, 1, 0, 0)
     assert all(c.job(j).restart_count == 0 for j in jobs)
+
+
+def grow_one(tmp_path) -> tuple[Cluster, str]:
+    """P on 2 GPUs alone on a 1-node cluster: equi grows it to 4 (checkpoint-requeue)."""
+    c = Cluster(tmp_path, nodes=1, slurm_cls=FlakySlurm)
+    p = c.malleable()
+    c.advance(60)
+    r = c.daemon.decide_cycle()
+    assert [(x.kind.value, x.to_gpus) for x in r.planned] == [("requeue", 4)]
+    c.advance(15)                                     # P checkpoints
+    return c, p
+
+
+def test_slurm_down_in_the_middle_of_an_action_leaves_the_step_to_retry(tmp_path):
+    c, p = grow_one(tmp_path)
+    c.slurm.down = frozenset({"requeue_hold"})
+    r = c.daemon.decide_cycle()
+    (a,) = c.actions(p)
+    assert r.slurm_unavailable and r.decision_id is None      # no decision on it either
+    assert a.state == "requeue_hold" and "Unable to contact" in a.last_error
+    assert c.job(p).state == JobState.RUNNING and c.job(p).restart_count == 0
+    c.slurm.down = frozenset({"jobs"})                # the poll fails: nothing is driven
+    c.advance(10)
+    r = c.daemon.poll_cycle()
+    assert r.slurm_unavailable and r.rpc == 1 and c.actions(p)[0].state == "requeue_hold"
+    c.slurm.down = frozenset()
+    c.advance(10)
+    c.daemon.poll_cycle()
+    c.advance(10)
+    c.daemon.poll_cycle()
+    (a,) = c.actions(p)
+    assert a.state == "done" and c.job(p).gpus == 4 and c.job(p).restart_count == 1
+
+
+def test_a_stop_releases_a_job_held_mid_requeue(tmp_path):
+    c, p = grow_one(tmp_path)
+    c.slurm.refuse = frozenset({"resize_pending"})    # requeued and held, resize refused
+    c.daemon.poll_cycle()
+    (a,) = c.actions(p)
+    assert a.state == "resize" and a.next_attempt_at is not None
+    assert c.job(p).state == JobState.PENDING and c.job(p).held
+    assert c.daemon.release_holds() == 1
+    (a,) = c.actions(p)
+    assert a.state == "observe" and a.note == "released on daemon stop"
+    assert not c.job(p).held
+    c.advance(5)
+    j = c.job(p)                                      # restarted at the size it had
+    assert j.state == JobState.RUNNING and j.gpus == 2 and j.restart_count == 1
