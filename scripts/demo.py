@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -115,9 +116,14 @@ def harness(*args: str) -> subprocess.CompletedProcess:
 
 
 def bring_up(side: Side, nodes: int, gpus: int) -> None:
+    # A fresh controller numbers jobs from 1 again: every run starts from an empty
+    # state directory, or the previous run's database rows and checkpoints would be
+    # taken for this run's jobs.
     if side.harness_dir.exists():
         harness("down", "--dir", str(side.harness_dir))
-    side.root.mkdir(parents=True, exist_ok=True)
+    if side.root.exists():
+        shutil.rmtree(side.root)
+    side.root.mkdir(parents=True)
     for sub in ("spool", "work", "ckpt"):
         (side.root / sub).mkdir(exist_ok=True)
     side.spool.chmod(0o1733)
@@ -193,6 +199,144 @@ def jobs_done(side: Side, expected: int) -> tuple[int, int]:
     return done, len(ids)
 
 
+def collect(side: Side) -> list[dict]:
+    """Per replayed job: its JCT measured on the side's cluster (end - submit, seconds),
+    restarts and final state, from the side's state store."""
+    from sqlalchemy import select as sql_select
+
+    from malleable.db.engine import make_engine, session_factory
+    from malleable.db.models import Job
+
+    engine = make_engine(f"sqlite:///{side.db}", create=False)
+    by_id = {r["job_id"]: r for r in side.records}
+    out = []
+    with session_factory(engine, readonly=True)() as s:
+        for job in s.scalars(sql_select(Job).where(Job.slurm_job_id.in_(sorted(by_id)))):
+            rec = by_id[job.slurm_job_id]
+            start = job.arrival_time.timestamp() if job.arrival_time else rec["submitted_at"]
+            end = job.end_time.timestamp() if job.end_time else None
+            out.append({"name": rec["name"], "job_id": job.slurm_job_id, "model": rec["model"],
+                        "state": job.state, "restarts": job.restart_count,
+                        "jct_s": None if end is None else round(end - start, 3),
+                        "attained_gpu_s": round(job.attained_gpu_s or 0.0, 1)})
+    engine.dispose()
+    return sorted(out, key=lambda r: r["name"])
+
+
+def gpu_timeline(side: Side) -> dict[str, list[tuple[float, int]]]:
+    """Per job, (seconds since the first submission, GPUs) at each size or state change."""
+    from sqlalchemy import select as sql_select
+
+    from malleable.db.engine import make_engine, session_factory
+    from malleable.db.models import Job, JobEvent
+
+    engine = make_engine(f"sqlite:///{side.db}", create=False)
+    names = {r["job_id"]: r["name"] for r in side.records}
+    t0 = min((r["submitted_at"] for r in side.records), default=0.0)
+    out: dict[str, list[tuple[float, int]]] = {}
+    with session_factory(engine, readonly=True)() as s:
+        q = (sql_select(Job.slurm_job_id, JobEvent.time, JobEvent.new_gpus,
+                        JobEvent.new_state)
+             .join(JobEvent, JobEvent.job_id == Job.id)
+             .where(Job.slurm_job_id.in_(sorted(names))).order_by(JobEvent.id))
+        gpus: dict[str, int] = {}
+        running: dict[str, bool] = {}
+        for sid, t, new_gpus, new_state in s.execute(q):
+            if new_gpus is not None:
+                gpus[sid] = new_gpus
+            if new_state is not None:
+                running[sid] = new_state == "RUNNING"
+            k = gpus.get(sid, 0) if running.get(sid) else 0
+            out.setdefault(names[sid], []).append((t.timestamp() - t0, k))
+    engine.dispose()
+    return out
+
+
+def summarize(jobs: list[dict]) -> dict:
+    jcts = [j["jct_s"] for j in jobs if j["jct_s"] is not None]
+    return {"jobs": len(jobs), "finished": len(jcts),
+            "avg_jct_s": round(sum(jcts) / len(jcts), 3) if jcts else None,
+            "restarts": sum(j["restarts"] for j in jobs),
+            "lost": [j["name"] for j in jobs if j["state"] != "COMPLETED"]}
+
+
+def write_report(report: Path, sides: list[Side], results: dict, timelines: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (report / "report.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    rows = ["side,name,job_id,model,state,restarts,jct_s"]
+    for s in sides:
+        for j in results[s.name]["jobs"]:
+            rows.append(f"{s.name},{j['name']},{j['job_id']},{j['model']},{j['state']},"
+                        f"{j['restarts']},{j['jct_s']}")
+    (report / "jobs.csv").write_text("\n".join(rows) + "\n")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in sides:
+        jcts = sorted(j["jct_s"] for j in results[s.name]["jobs"] if j["jct_s"] is not None)
+        if jcts:
+            ax.step(jcts, [(i + 1) / len(jcts) for i in range(len(jcts))], where="post",
+                    label=f"{s.name} ({s.policy}): avg {sum(jcts) / len(jcts):.0f} s")
+    for name, pred in results.get("simulator", {}).items():
+        if pred.get("jct_s"):
+            jcts = sorted(pred["jct_s"])
+            ax.step(jcts, [(i + 1) / len(jcts) for i in range(len(jcts))], where="post",
+                    linestyle="--", label=f"simulator, {name}: avg {pred['avg_jct_s']:.0f} s")
+    ax.set_xlabel("job completion time (s, on the compressed clock)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT on the harness: malleable vs plain Slurm")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(report / "jct_cdf.png", dpi=120)
+    plt.close(fig)
+    fig, axes = plt.subplots(len(sides), 1, figsize=(7, 2.6 * len(sides)), squeeze=False)
+    for ax, s in zip(axes[:, 0], sides, strict=True):
+        series = timelines.get(s.name, {})
+        names = sorted(series)
+        if names:
+            end = max(t for pts in series.values() for t, _ in pts)
+            xs = sorted({0.0, end, *(t for pts in series.values() for t, _ in pts)})
+            stacks = []
+            for n in names:
+                pts, k, i, ys = series[n], 0, 0, []
+                for x in xs:
+                    while i < len(pts) and pts[i][0] <= x:
+                        k = pts[i][1]
+                        i += 1
+                    ys.append(k)
+                stacks.append(ys)
+            ax.stackplot(xs, stacks, step="post")
+        ax.set_title(f"{s.name} ({s.policy}): GPUs per job over time", fontsize=9)
+        ax.set_ylabel("GPUs")
+        ax.set_ylim(0, 16)
+    axes[-1, 0].set_xlabel("seconds since the first submission")
+    fig.tight_layout()
+    fig.savefig(report / "gpus_over_time.png", dpi=120)
+    plt.close(fig)
+
+
+def print_comparison(sides: list[Side], results: dict) -> None:
+    names = sorted({j["name"] for s in sides for j in results[s.name]["jobs"]})
+    by = {s.name: {j["name"]: j for j in results[s.name]["jobs"]} for s in sides}
+    head = "job".ljust(18) + "".join(f"{s.name + ' JCT (s)':>20}" for s in sides)
+    print(head)
+    print("-" * len(head))
+    for n in names:
+        cells = []
+        for s in sides:
+            j = by[s.name].get(n)
+            jct = j and j["jct_s"]
+            cells.append(f"{jct:>20.1f}" if jct is not None else f"{'-':>20}")
+        print(n.ljust(18) + "".join(cells))
+    print("-" * len(head))
+    print("average".ljust(18) + "".join(
+        f"{results[s.name]['summary']['avg_jct_s'] or float('nan'):>20.1f}" for s in sides))
+    if "ratio" in results:
+        print(f"\naverage JCT, malleable / static: {results['ratio']:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--short", action="store_true", help="the CI form: a few jobs, one side")
@@ -245,7 +389,24 @@ def main(argv: list[str] | None = None) -> int:
             for e in errors:
                 log(f"error: {e}")
             return 1
-        return 0
+        results: dict = {"workload": Path(args.workload).name, "speedup": args.speedup,
+                         "jobs": len(recipes)}
+        timelines = {}
+        for s in sides:
+            stop_daemon(s)
+            jobs = collect(s)
+            results[s.name] = {"policy": s.policy, "jobs": jobs, "summary": summarize(jobs)}
+            timelines[s.name] = gpu_timeline(s)
+        if len(sides) == 2:
+            a = results["malleable"]["summary"]["avg_jct_s"]
+            b = results["static"]["summary"]["avg_jct_s"]
+            if a and b:
+                results["ratio"] = round(a / b, 4)
+        write_report(report, sides, results, timelines)
+        print_comparison(sides, results)
+        log(f"report: {report}/report.json, jobs.csv, jct_cdf.png, gpus_over_time.png")
+        complete = all(not results[s.name]["summary"]["lost"] for s in sides)
+        return 0 if complete else 1
     finally:
         for s in sides:
             stop_daemon(s)
