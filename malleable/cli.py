@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "conf": "malleable.slurm_conf.cli:conf",
     "daemon": "malleable.daemon.cli:daemon",
     "db": "malleable.db.cli:db",
+    "replay": "malleable.replay:replay_command",
     "report": "malleable.progress.cli:report",
     "submit": "malleable.submit:submit",
 }
