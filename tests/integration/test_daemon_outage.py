@@ -4,7 +4,8 @@ The session's slurmctld is stopped by its pid file (SIGTERM: it saves its state)
 and started again after 60 s with the same slurm.conf, without ``-i``, so it
 recovers every job; slurmd and the jobs keep running meanwhile. While it is down,
 ``squeue --json`` answers with an error entry instead of jobs (the port raises
-`SlurmUnavailable`).
+`SlurmUnavailable`). (With ``MALLEABLE_TEST_SLURM_CONF``, a harness this session did
+not start, it is that harness's slurmctld that is stopped and started again.)
 
 The daemon starts paused (``settings``: paused), so it observes and plans but
 acts on nothing; it is resumed while the controller is down. It must log the
