@@ -333,12 +333,12 @@ class Daemon:
                                       duration_s=duration, dry_run=self.dry_run,
                                       targets=targets)
             est = inputs.estimates
-            for i, j in enumerate(inputs.jobs):
-                store.record_estimate(s, job_id=j.id, time=now, model=ESTIMATOR_MODEL,
-                                      params=estimate_params(est, i),
-                                      remaining_work=_finite(est.remaining_work[i]),
-                                      remaining_work_sd=_finite(est.remaining_std[i]),
-                                      flags={"bits": int(est.flags[i])})
+            store.record_estimates(s, ({
+                "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
+                "params": estimate_params(est, i),
+                "remaining_work": _finite(est.remaining_work[i]),
+                "remaining_work_sd": _finite(est.remaining_std[i]),
+                "flags": {"bits": int(est.flags[i])}} for i, j in enumerate(inputs.jobs)))
             report.decision_id = d.id
             report.objective = objective
             report.managed = len(inputs.jobs)
