@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "pause": "malleable.ops.control:pause",
     "plan": "malleable.ops.plan:plan",
     "policy": "malleable.ops.policy:policy",
+    "replay": "malleable.replay:replay_command",
     "report": "malleable.progress.cli:report",
     "resume": "malleable.ops.control:resume",
     "status": "malleable.ops.status:status",

@@ -184,6 +184,40 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
     return k // g, g
 
 
+def malleable_request(script: str, spec: MalleableSpec, *, initial_gpus: int | None,
+                      gpus_per_node: int, spool_dir: str, name: str = "",
+                      base_comment: str = "", extra_args: tuple[str, ...] | list[str] = (),
+                      extra_env: tuple[tuple[str, str], ...] | list[tuple[str, str]] = (),
+                      workdir: str = "") -> SubmitRequest:
+    """The `SubmitRequest` of a malleable job (what `malleable submit` and `malleable
+    replay` send through the Slurm port).
+
+    Args:
+        script: the batch script.
+        spec: the job's malleable spec (goes into the comment, replacing any spec
+            in ``base_comment``; the comment's other text is kept).
+        initial_gpus: GPUs to start on (None: the spec's minimum).
+        gpus_per_node: g, to shape the request (`initial_shape`).
+        spool_dir: the progress spool (MALLEABLE_SPOOL for the job).
+        name: job name ("" = Slurm's default).
+        extra_args: further sbatch options, as given.
+        extra_env: further environment for the job.
+        workdir: the job's working directory ("" = the caller's).
+
+    Raises:
+        SubmitError: the initial size is outside the spec or not a legal shape.
+    """
+    nodes, per_node = initial_shape(spec, initial_gpus, gpus_per_node)
+    env = [("MALLEABLE_SIGNAL", spec.signal), ("MALLEABLE_SPOOL", spool_dir)]
+    if spec.batch_size is not None:
+        env.append(("MALLEABLE_BATCH_SIZE", str(spec.batch_size)))
+    env.extend(extra_env)
+    return SubmitRequest(script=os.path.abspath(script), nodes=nodes, gpus_per_node=per_node,
+                         comment=replace_spec(base_comment, spec), name=name, requeue=True,
+                         open_mode_append=True, extra_args=tuple(extra_args), env=tuple(env),
+                         workdir=workdir)
+
+
 def _fail(message: str, code: int) -> None:
     """Print the error on one line (Slurm's own messages may span several) and exit."""
     message = "; ".join(part.strip() for part in message.splitlines() if part.strip())
@@ -239,18 +273,15 @@ def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> No
         _fail(str(exc), 2)
     try:
         client = connect()
-        nodes, per_node = initial_shape(spec, initial_gpus, client.cluster().gpus_per_node)
+        request = malleable_request(script, spec, initial_gpus=initial_gpus,
+                                    gpus_per_node=client.cluster().gpus_per_node,
+                                    spool_dir=config.progress.spool_dir,
+                                    base_comment=base_comment,
+                                    extra_args=without_comment(passthrough))
     except SubmitError as exc:
         _fail(str(exc), 2)
     except SlurmError as exc:
         _fail(str(exc), 1)
-    env = [("MALLEABLE_SIGNAL", spec.signal), ("MALLEABLE_SPOOL", config.progress.spool_dir)]
-    if spec.batch_size is not None:
-        env.append(("MALLEABLE_BATCH_SIZE", str(spec.batch_size)))
-    request = SubmitRequest(script=os.path.abspath(script), nodes=nodes, gpus_per_node=per_node,
-                            comment=replace_spec(base_comment, spec), requeue=True,
-                            open_mode_append=True, extra_args=tuple(without_comment(passthrough)),
-                            env=tuple(env))
     if dry_run:
         click.echo(repr(request))
         return

@@ -22,6 +22,12 @@ Steps by kind (`ActionKind`)::
 A job that does not write a ``checkpointed`` event within its grace period
 after the signal is left running untouched: the action is ABANDONED and the
 shell backs the job off from further requeues.
+
+OBSERVE never blocks a job for good: an action still observing
+``observe_timeout_s`` after it could have released the job (its creation, plus
+the grace period for a checkpoint-requeue) is DONE with a note; the job is no
+longer held, and Slurm starts it when it can. (The daemon also ends an
+OBSERVE early when a newer plan wants another size for the job.)
 """
 
 from __future__ import annotations
@@ -79,7 +85,10 @@ class ActionState:
         signal_target: which of the job's processes get it (from its spec; default the
             batch shell, which the contract's sbatch scripts trap and forward).
         grace_s: seconds the job has to checkpoint after the signal.
-        signalled_at: when the signal step was recorded (None before).
+        signalled_at: when the signal step was first recorded (None before).
+        created_at: when the action was recorded (None: unknown, OBSERVE never times out).
+        observe_timeout_s: how long OBSERVE waits for the job to run at its new size,
+            seconds after ``created_at`` (plus ``grace_s`` for a requeue).
     """
 
     job_id: str
@@ -92,6 +101,8 @@ class ActionState:
     signal_target: SignalTarget = SignalTarget.BATCH
     grace_s: float = 120.0
     signalled_at: datetime | None = None
+    created_at: datetime | None = None
+    observe_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,12 @@ def _requeued(a: ActionState, job: SlurmJob) -> bool:
     return job.state != JobState.RUNNING or job.restart_count > a.restart_count_at_start
 
 
+def _checkpointed(a: ActionState, obs: Observation) -> bool:
+    """The job wrote a checkpoint since it was (first) signalled."""
+    return (obs.checkpointed_at is not None and a.signalled_at is not None
+            and obs.checkpointed_at >= a.signalled_at)
+
+
 def _shape(job: SlurmJob) -> Shape:
     return Shape(job.node_count, job.gpus_per_node)
 
@@ -180,13 +197,15 @@ def advance(a: ActionState, obs: Observation) -> Transition:
             if a.kind == ActionKind.REQUEUE and _requeued(a, job):
                 return Transition(_after_requeue(a), note="already requeued")
             return Transition(Step.ABANDONED, note=f"job is {job.state.value}, not running")
+        if _checkpointed(a, obs):
+            # Signalled before a crash, and the job has answered: no second signal.
+            return Transition(Step.REQUEUE_HOLD, note="checkpoint written")
         return Transition(Step.WAIT_CHECKPOINT, Call("signal", (a.signal, a.signal_target)))
 
     if step == Step.WAIT_CHECKPOINT:
         if _requeued(a, job):
             return Transition(_after_requeue(a), note="already requeued")
-        if (obs.checkpointed_at is not None and a.signalled_at is not None
-                and obs.checkpointed_at >= a.signalled_at):
+        if _checkpointed(a, obs):
             return Transition(Step.REQUEUE_HOLD, note="checkpoint written")
         started = a.signalled_at or obs.now
         if obs.now - started > timedelta(seconds=a.grace_s):
@@ -202,6 +221,9 @@ def advance(a: ActionState, obs: Observation) -> Transition:
     if step == Step.RESIZE:
         if job.state == JobState.RUNNING:
             if a.kind == ActionKind.ADMIT:
+                if a.to_shape is not None and _shape(job) == a.to_shape:
+                    # Resized before a crash, and Slurm started it since.
+                    return Transition(Step.DONE, note=f"running on {job.gpus} GPUs")
                 return Transition(Step.ABANDONED, note="job started before it was resized")
             return Transition(Step.OBSERVE, note="job already running again")
         if job.state != JobState.PENDING:  # e.g. still COMPLETING after the requeue
@@ -225,12 +247,18 @@ def advance(a: ActionState, obs: Observation) -> Transition:
     if step == Step.OBSERVE:
         if job.state == JobState.RUNNING and job.gpus == a.to_gpus:
             return Transition(Step.DONE, note=f"running on {job.gpus} GPUs")
-        if job.state == JobState.RUNNING and a.kind == ActionKind.SHRINK:
-            return Transition(step, wait=True, note=f"running on {job.gpus} GPUs, expecting "
-                              f"{a.to_gpus}")
         if job.state == JobState.PENDING and job.held:
             # Someone (an admin) held it after we released it: not ours any more.
             return Transition(Step.DONE, note="held by someone else after release")
+        if a.created_at is not None:
+            limit = a.observe_timeout_s + (a.grace_s if a.kind == ActionKind.REQUEUE else 0.0)
+            if obs.now - a.created_at > timedelta(seconds=limit):
+                return Transition(Step.DONE, note=(
+                    f"not running on {a.to_gpus} GPUs {limit:.0f} s after the action began "
+                    f"({job.state.value}, {job.gpus} GPUs); left to Slurm"))
+        if job.state == JobState.RUNNING and a.kind == ActionKind.SHRINK:
+            return Transition(step, wait=True, note=f"running on {job.gpus} GPUs, expecting "
+                              f"{a.to_gpus}")
         return Transition(step, wait=True, note=f"{job.state.value}, waiting to run")
 
     raise ValueError(f"action for job {a.job_id}: step {step!r} is not a step of {a.kind}")

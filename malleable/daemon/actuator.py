@@ -14,7 +14,10 @@ imperative shell around them. For every unfinished action it repeats:
 
 A daemon killed between 3 and 5 finds the step again on restart, and
 ``advance`` re-checks Slurm's state first, so nothing happens twice (a job
-that has already left RUNNING is never requeued again). Errors:
+that has already left RUNNING is never requeued again). A signal step redone
+after a crash may signal the job a second time (harmless: the job is already
+checkpointing or waiting for its requeue) and keeps the first ``signalled_at``,
+so a checkpoint written after the first signal counts. Errors:
 
 * `SlurmUnavailable`: the step stays; every action waits for the next cycle.
 * `SlurmRejected` at SHRINK: the in-place shrink becomes a checkpoint-requeue
@@ -26,6 +29,12 @@ that has already left RUNNING is never requeued again). Errors:
   not yet touched the job fails harmlessly.
 * A job that does not checkpoint within its grace: the action is abandoned
   and the job backed off from requeues (`malleable.daemon.history`).
+* A job missing from the poll whose state cannot be looked up (``refresh``
+  raised `SlurmError`): its action waits for the next cycle.
+
+Test hook: ``step_hook(kind, step, phase)`` is called before and after each
+step's effect (see `malleable.daemon.testhook`); None (the default) in
+production and in the simulator.
 """
 
 from __future__ import annotations
@@ -44,13 +53,15 @@ from malleable.daemon.reconcile import ActionKind, PlannedAction
 from malleable.daemon.shapes import Shape
 from malleable.db import store
 from malleable.db.models import Action, Job, JobEvent
-from malleable.slurm.client import SlurmClient, SlurmRejected, SlurmUnavailable
+from malleable.slurm.client import SlurmClient, SlurmError, SlurmRejected, SlurmUnavailable
 from malleable.slurm.records import JobState, SignalTarget, SlurmJob
 
 log = logging.getLogger(__name__)
 
 # Steps after which the job is (or may be) held by us: a failure must still release it.
 _AFTER_REQUEUE = (Step.RESIZE, Step.START_NOW, Step.RELEASE)
+# Steps that make no Slurm call but wait for the job (kill points "before"/"after").
+_WAITING_STEPS = (Step.WAIT_CHECKPOINT, Step.OBSERVE)
 
 
 @dataclass
@@ -107,14 +118,23 @@ class Actuator:
         sessions: a read-write `sessionmaker` of the state store.
         max_attempts: Slurm refusals tolerated per step before giving up on it.
         retry_after_s: back-off after a refused call, doubled per attempt.
+        observe_timeout_s: how long OBSERVE waits for the job to run at its new
+            size (`ActionState.observe_timeout_s`), seconds.
+
+    Attributes:
+        step_hook: None, or a callable ``(kind, step, phase)`` run at every step
+            boundary (phase "before"/"after"; the crash tests' kill points,
+            `malleable.daemon.testhook`).
     """
 
     def __init__(self, slurm: SlurmClient, sessions: sessionmaker, *, max_attempts: int = 4,
-                 retry_after_s: float = 15.0) -> None:
+                 retry_after_s: float = 15.0, observe_timeout_s: float = 600.0) -> None:
         self.slurm = slurm
         self.sessions = sessions
         self.max_attempts = max_attempts
         self.retry_after_s = retry_after_s
+        self.observe_timeout_s = observe_timeout_s
+        self.step_hook: Callable[[str, str, str], None] | None = None
 
     # ------------------------------------------------------------------ create
 
@@ -155,8 +175,9 @@ class Actuator:
             observed: this cycle's poll, by Slurm job id (updated in place with
                 the expected effect of each successful call).
             refresh: optional lookup of one job's current state for actions whose
-                job is missing from ``observed`` (e.g. a poll from before it was
-                submitted); None: missing means gone.
+                job is missing from ``observed`` (e.g. a poll that skipped the job's
+                record); None: missing means gone. If it raises `SlurmError` the
+                action waits for the next cycle.
 
         Returns:
             A `DriveReport`.
@@ -183,13 +204,18 @@ class Actuator:
             signal=str(_spec_value(job, "signal", "USR1")),
             signal_target=SignalTarget(_spec_value(job, "signal_target", "batch")),
             grace_s=float(_spec_value(job, "grace_s", 120.0)),
-            signalled_at=a.signalled_at)
+            signalled_at=a.signalled_at, created_at=a.created_at,
+            observe_timeout_s=self.observe_timeout_s)
         return a, job, state
 
     @staticmethod
     def _checkpointed_at(s: Session, job_db_id: int) -> datetime | None:
         return s.scalar(select(func.max(JobEvent.time)).where(
             JobEvent.job_id == job_db_id, JobEvent.kind == "checkpointed"))
+
+    def _hook(self, state: ActionState, step: Step, phase: str) -> None:
+        if self.step_hook is not None:
+            self.step_hook(state.kind.value, step.value, phase)
 
     def _drive_one(self, action_id: int, now: datetime, observed: dict[str, SlurmJob],
                    refresh, report: DriveReport) -> None:
@@ -203,20 +229,35 @@ class Actuator:
                     return
                 sj = observed.get(job.slurm_job_id)
                 if sj is None and refresh is not None:
-                    sj = refresh(job.slurm_job_id)
+                    try:
+                        sj = refresh(job.slurm_job_id)
+                    except SlurmError as exc:
+                        jlog.warning("action %d waits: job missing from the poll and its "
+                                     "state unreadable (%s)", action_id, exc)
+                        return
                     if sj is not None:
                         observed[job.slurm_job_id] = sj
                 t = advance(state, Observation(sj, self._checkpointed_at(s, job.id), now))
-                if t.wait:
-                    if a.note != t.note:
-                        store.update_action(s, a.id, now=now, note=t.note)
-                    return
+                if t.wait and a.note != t.note:
+                    store.update_action(s, a.id, now=now, note=t.note)
                 if t.call is None:
-                    self._finish_step(s, a, state, t.next_step, t.note, now, report, jlog)
-                    continue
-                # Record the attempt before making the call.
-                store.update_action(s, a.id, now=now, add_attempt=True, note=t.note or None,
-                                    **({"signalled_at": now} if state.step == Step.SIGNAL else {}))
+                    if not t.wait:
+                        self._finish_step(s, a, state, t.next_step, t.note, now, report, jlog)
+                else:
+                    # Record the attempt before making the call (the first signal time is
+                    # kept: a checkpoint written after it counts).
+                    extra = ({"signalled_at": now} if state.step == Step.SIGNAL
+                             and a.signalled_at is None else {})
+                    store.update_action(s, a.id, now=now, add_attempt=True,
+                                        note=t.note or None, **extra)
+            if t.call is None:
+                # A step without a Slurm call: waiting, or a transition already committed.
+                if state.step in _WAITING_STEPS:
+                    self._hook(state, state.step, "before" if t.wait else "after")
+                if t.wait:
+                    return
+                continue
+            self._hook(state, state.step, "before")
             call = t.call
             try:
                 getattr(self.slurm, call.method)(state.job_id, *call.args)
@@ -232,8 +273,9 @@ class Actuator:
                 return
             report.calls[call.method] = report.calls.get(call.method, 0) + 1
             jlog.info("%s%s: done (action %d, %s -> %s)", call.method,
-                      "" if not call.args else repr(call.args), action_id, state.step,
-                      t.next_step)
+                      "(" + ", ".join(str(x) for x in call.args) + ")" if call.args else "",
+                      action_id, state.step, t.next_step)
+            self._hook(state, state.step, "after")
             if sj is not None:
                 observed[state.job_id] = _expected_after(sj, call)
             with self.sessions() as s, s.begin():
@@ -249,7 +291,7 @@ class Actuator:
                             next_attempt_at=None, finished=step.terminal, **kw)
         if step.terminal:
             report.finished.append((state.job_id, step.value))
-            jlog.info("action %d (%s) %s: %s", a.id, a.kind, step.value, note or "")
+            jlog.info("action %d (%s) %s%s", a.id, a.kind, step.value, f": {note}" if note else "")
             if (step == Step.ABANDONED and state.step == Step.WAIT_CHECKPOINT
                     and "grace" in (note or "")):
                 report.abandoned_no_checkpoint.append(state.job_id)

@@ -19,9 +19,14 @@ Safety rules:
 
 * a failed poll (Slurm unavailable) means stale state: nothing is decided or
   changed until a poll succeeds again;
+* a poll that skipped job records it could not parse (the port's
+  ``parse_errors``) marks no job as vanished, and an in-flight action whose
+  job is missing from it looks the job up (one RPC) instead of giving up on it;
 * paused: observe and plan (decisions are recorded), start no new action;
-  jobs the daemon held for admission are released and in-flight requeues are
-  driven to their release, so a paused cluster runs as plain Slurm;
+  actions that have not touched their job yet are dropped, jobs the daemon
+  held for admission are released, and actions past that point (a signalled
+  job, a requeued one) are driven to their end, so a paused cluster runs as
+  plain Slurm;
 * dry run: plan and log the actions, change nothing in Slurm;
 * one bad job is excluded (logged) and never stops the cycle.
 """
@@ -62,7 +67,8 @@ from malleable.spec import SpecError, parse_spec
 
 log = logging.getLogger(__name__)
 
-_UNTOUCHED_STEPS = (Step.SIGNAL.value, Step.HOLD.value, Step.SHRINK.value)
+# Steps at which an action has not changed its job yet, while no call was attempted.
+_UNTOUCHED_STEPS = (Step.HOLD.value, Step.SHRINK.value)
 
 
 def spec_as_dict(comment: str) -> dict | None:
@@ -84,7 +90,10 @@ class CycleReport:
         number: the cycle's sequence number in this process.
         started: the daemon's clock at the start.
         duration_s: wall time (process time source given to `Daemon`).
-        rpc: Slurm RPCs made in the cycle (one ``jobs()`` plus one per action step).
+        rpc: Slurm RPCs made in the cycle (one ``jobs()`` plus one per action step,
+            plus the node list when it is re-read).
+        rpc_poll: of which the poll (``jobs()``, with its retries).
+        rpc_nodes: of which node-list reads (``nodes()``).
         slurm_unavailable: the poll failed; nothing was decided or changed.
         jobs: jobs in the poll; managed: malleable jobs the policy allocated.
         ingest: the ingestion report (None if not run).
@@ -101,6 +110,8 @@ class CycleReport:
     started: datetime
     duration_s: float = 0.0
     rpc: int = 0
+    rpc_poll: int = 0
+    rpc_nodes: int = 0
     slurm_unavailable: bool = False
     jobs: int = 0
     managed: int = 0
@@ -149,6 +160,10 @@ class Daemon:
         self.actuator = Actuator(slurm, sessions)
         self.observed: dict[str, SlurmJob] = {}
         self.poll_ok = False
+        self.poll_incomplete = False
+        self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
+        self._rpc_poll = 0
+        self._rpc_nodes = 0
         self.nodes: list[SlurmNode] = []
         self.nodes_at: datetime | None = None
         self.number = 0
@@ -156,11 +171,13 @@ class Daemon:
 
     # ------------------------------------------------------------------ steps
 
-    def _rpc(self) -> int:
+    def rpc_count(self) -> int:
+        """Slurm RPCs made through this daemon's port so far (the port's ``rpc_count``)."""
         return int(getattr(self.slurm, "rpc_count", 0))
 
     def poll(self, now: datetime) -> bool:
         """One ``jobs()`` RPC; store jobs and events. False if Slurm did not answer."""
+        rpc0 = self.rpc_count()
         try:
             jobs = self.slurm.jobs()
         except SlurmError as exc:
@@ -168,11 +185,20 @@ class Daemon:
             log.warning("poll failed, Slurm unavailable: %s; no decision or change until "
                         "it answers", exc)
             return False
+        finally:
+            self._rpc_poll += self.rpc_count() - rpc0
+        skipped = list(getattr(self.slurm, "parse_errors", None) or ())
         with self.sessions() as s, s.begin():
             store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict)
-            self._mark_vanished(s, {j.job_id for j in jobs}, now)
+            if skipped:
+                log.warning("the poll skipped %d job record(s) it could not parse; no job is "
+                            "taken as finished for missing from it", len(skipped))
+            else:
+                self._mark_vanished(s, {j.job_id for j in jobs}, now)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
+        self.poll_incomplete = bool(skipped)
+        self._lookups = {}
         return True
 
     @staticmethod
@@ -193,11 +219,14 @@ class Daemon:
         if (not force and self.nodes and self.nodes_at is not None
                 and (now - self.nodes_at).total_seconds() < self.nodes_refresh_s):
             return True
+        rpc0 = self.rpc_count()
         try:
             self.nodes = self.slurm.nodes()
         except SlurmError as exc:
             log.warning("node list unavailable: %s", exc)
             return bool(self.nodes)
+        finally:
+            self._rpc_nodes += self.rpc_count() - rpc0
         self.nodes_at = now
         return True
 
@@ -219,23 +248,46 @@ class Daemon:
 
     def drive(self, now: datetime, paused: bool) -> DriveReport:
         """Advance in-flight actions (while paused: only those past the point of no return)."""
-        if not self.poll_ok:
+        if not self.poll_ok or self.dry_run:
             return DriveReport()
         if paused:
             self._park_for_pause(now)
-        if self.dry_run:
-            return DriveReport()
-        return self.actuator.drive(now, self.observed, refresh=None)
+        return self.actuator.drive(now, self.observed, refresh=self._refresh())
+
+    def _refresh(self) -> Callable[[str], SlurmJob | None] | None:
+        return self._lookup if self.poll_incomplete else None
+
+    def _lookup(self, job_id: str) -> SlurmJob | None:
+        """One job's state (one RPC per job and poll), for an action whose job the poll
+        skipped. Raises `SlurmError` (again, without a new RPC) if it could not be read."""
+        if job_id not in self._lookups:
+            try:
+                self._lookups[job_id] = self.slurm.job(job_id)
+            except SlurmError as exc:
+                self._lookups[job_id] = exc
+        got = self._lookups[job_id]
+        if isinstance(got, SlurmError):
+            raise got
+        return got
+
+    @staticmethod
+    def _untouched(a) -> bool:
+        """An action that has not changed its job in Slurm yet (no call attempted)."""
+        if a.state == Step.SIGNAL.value:
+            return a.signalled_at is None
+        return a.state in _UNTOUCHED_STEPS and not a.attempts
 
     def _park_for_pause(self, now: datetime) -> None:
-        """Paused: drop actions that have not touched their job yet; release admission holds."""
+        """Paused: drop actions that have not touched their job yet; release admission holds.
+
+        An action that may have touched its job (a signal sent: the job checkpoints
+        and waits for its requeue; a hold or shrink attempted) is driven to its end.
+        """
         with self.sessions() as s, s.begin():
             for a in store.unfinished_actions(s):
-                if a.state in _UNTOUCHED_STEPS or (a.state == Step.WAIT_CHECKPOINT.value):
+                if self._untouched(a):
                     store.update_action(s, a.id, now=now, state=Step.ABANDONED.value,
                                         note="paused by an operator", finished=True)
-            if self.dry_run:
-                return
             held = daemon_holds(s, [j.id for j in s.scalars(
                 select(Job).where(Job.malleable.is_(True), Job.state == "PENDING"))])
             busy = {a.job_id for a in store.unfinished_actions(s)}
@@ -281,12 +333,12 @@ class Daemon:
                                       duration_s=duration, dry_run=self.dry_run,
                                       targets=targets)
             est = inputs.estimates
-            for i, j in enumerate(inputs.jobs):
-                store.record_estimate(s, job_id=j.id, time=now, model=ESTIMATOR_MODEL,
-                                      params=estimate_params(est, i),
-                                      remaining_work=_finite(est.remaining_work[i]),
-                                      remaining_work_sd=_finite(est.remaining_std[i]),
-                                      flags={"bits": int(est.flags[i])})
+            store.record_estimates(s, ({
+                "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
+                "params": estimate_params(est, i),
+                "remaining_work": _finite(est.remaining_work[i]),
+                "remaining_work_sd": _finite(est.remaining_std[i]),
+                "flags": {"bits": int(est.flags[i])}} for i, j in enumerate(inputs.jobs)))
             report.decision_id = d.id
             report.objective = objective
             report.managed = len(inputs.jobs)
@@ -302,6 +354,8 @@ class Daemon:
         """Reconcile the plan with what Slurm reports and start the actions it needs."""
         jobs = inputs.jobs
         g = inputs.capacity.gpus_per_node
+        if not (self.dry_run or paused):
+            self._supersede_observing(now, jobs, alloc, report.decision_id)
         with self.sessions() as s:
             ids = [j.id for j in jobs]
             held = daemon_holds(s, ids)
@@ -328,6 +382,8 @@ class Daemon:
                                         requeues_in_flight=in_flight,
                                         max_requeues=self.config.daemon.max_concurrent_requeues)
         report.planned, report.skipped = planned, skipped
+        for sk in skipped:
+            job_logger(log, sk.job_id).debug("left alone this cycle: %s", sk.reason)
         for p in planned:
             job_logger(log, p.job_id).info("plan: %s %d -> %d GPUs (%s)%s", p.kind.value,
                                            p.from_gpus, p.to_gpus, p.reason,
@@ -340,6 +396,31 @@ class Daemon:
                 self._write_plan(p, now)
         self.actuator.create(planned, now, decision_id=report.decision_id,
                              observed=self.observed)
+
+    def _supersede_observing(self, now: datetime, jobs: list[Job], alloc: Allocation,
+                             decision_id: int | None) -> None:
+        """End OBSERVE steps whose job the new plan wants at another size.
+
+        At OBSERVE the daemon has released the job and only watches for it to run; a
+        job Slurm keeps pending (e.g. its GPUs went to another job) would otherwise
+        block the job's next action until the observe timeout.
+        """
+        target = {j.id: int(alloc.gpus[i]) for i, j in enumerate(jobs)}
+        with self.sessions() as s, s.begin():
+            for a in store.unfinished_actions(s):
+                k = target.get(a.job_id)
+                if a.state != Step.OBSERVE.value or k is None or k == a.to_gpus:
+                    continue
+                store.update_action(s, a.id, now=now, state=Step.DONE.value, finished=True,
+                                    note=f"superseded by decision {decision_id} (target {k} "
+                                         f"GPUs) while waiting to run on {a.to_gpus}")
+                log.info("action %d (%s) done: superseded by decision %s", a.id, a.kind,
+                         decision_id, extra={"job": self._sid(s, a.job_id)})
+
+    @staticmethod
+    def _sid(s, job_db_id: int) -> str:
+        job = s.get(Job, job_db_id)
+        return job.slurm_job_id if job is not None else "-"
 
     def _write_plan(self, p: PlannedAction, now: datetime) -> None:
         try:
@@ -354,16 +435,25 @@ class Daemon:
         self.number += 1
         set_cycle(self.number)
         now = self.clock()
+        self._rpc_poll = self._rpc_nodes = 0
         return CycleReport(kind, self.number, now, dry_run=self.dry_run), now, self.timer(), \
-            self._rpc()
+            self.rpc_count()
 
     def _end(self, report: CycleReport, t0: float, rpc0: int) -> CycleReport:
         report.duration_s = self.timer() - t0
-        report.rpc = self._rpc() - rpc0
+        report.rpc = self.rpc_count() - rpc0
+        report.rpc_poll, report.rpc_nodes = self._rpc_poll, self._rpc_nodes
         self.last_report = report
-        log.info("%s cycle: %.3f s, %d Slurm RPCs, %d jobs, %d managed, %d action calls%s",
-                 report.kind, report.duration_s, report.rpc, report.jobs, report.managed,
+        calls = report.drive.calls
+        other = report.rpc - report.rpc_poll - report.rpc_nodes - report.drive.rpc_count
+        log.info("%s cycle: %.3f s, %d Slurm RPCs (jobs %d, nodes %d, actions %d%s%s), "
+                 "%d jobs, %d managed%s",
+                 report.kind, report.duration_s, report.rpc, report.rpc_poll, report.rpc_nodes,
                  report.drive.rpc_count,
+                 (" [" + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())) + "]")
+                 if calls else "",
+                 f", other {other}" if other else "",
+                 report.jobs, report.managed,
                  " (Slurm unavailable: stale, nothing changed)" if report.slurm_unavailable
                  else "")
         return report
@@ -402,44 +492,72 @@ class Daemon:
             inputs, alloc = decided
             self.apply(now, inputs, alloc, report, report.paused)
             if not (self.dry_run or report.paused):
-                more = self.actuator.drive(now, self.observed)
+                more = self.actuator.drive(now, self.observed, refresh=self._refresh())
                 report.drive = _merge(report.drive, more)
         return self._end(report, t0, rpc0)
 
     def release_holds(self) -> int:
-        """Release every pending job the daemon holds for admission (graceful stop).
+        """Release every job the daemon holds (graceful stop). Returns how many.
 
-        In-flight checkpoint-requeues are left to the next start, which drives them
-        to their release. Returns the number of jobs released.
+        * pending jobs it holds for admission (their release is recorded as a
+          finished admission, so the hold is no longer the daemon's);
+        * jobs it requeued and holds, whose checkpoint-requeue waits between
+          requeue_hold and release (only when Slurm refused a resize and the retry is
+          due later): the begin-time delay is cleared and the job released at the
+          size Slurm has for it; the action goes on to OBSERVE.
+
+        Other in-flight actions are left to the next start. Nothing is done in dry
+        run or without a successful poll (the state would be unknown).
         """
         if self.dry_run or not self.poll_ok:
             return 0
         n = 0
         with self.sessions() as s:
-            pend = list(s.scalars(select(Job).where(Job.malleable.is_(True),
-                                                    Job.state == "PENDING")))
+            # The last poll as the actuator left it (a job it requeued since is pending).
+            pending = [sid for sid, sj in self.observed.items()
+                       if sj.state == JobState.PENDING and sj.held]
+            pend: list[Job] = []
+            for i in range(0, len(pending), 500):
+                pend += s.scalars(select(Job).where(Job.malleable.is_(True),
+                                                    Job.slurm_job_id.in_(pending[i:i + 500])))
             held = daemon_holds(s, [j.id for j in pend])
-            busy = {a.job_id for a in store.unfinished_actions(s)}
+            unfinished = store.unfinished_actions(s)
+            busy = {a.job_id for a in unfinished}
+            requeued = {a.job_id: a.id for a in unfinished if a.kind == ActionKind.REQUEUE.value
+                        and a.state in (Step.RESIZE.value, Step.START_NOW.value,
+                                        Step.RELEASE.value)}
         for job in pend:
             sj = self.observed.get(job.slurm_job_id)
-            if job.id in held and job.id not in busy and sj is not None and sj.held:
-                try:
-                    self.slurm.release(job.slurm_job_id)
-                    n += 1
-                    job_logger(log, job.slurm_job_id).info("released on daemon stop")
-                except SlurmUnavailable as exc:
-                    log.warning("could not release holds on stop: %s", exc)
-                    break
-                except SlurmError as exc:
-                    job_logger(log, job.slurm_job_id).warning("release refused: %s", exc)
+            if sj is None or not sj.held:
+                continue
+            mid_requeue = job.id in requeued
+            if not (mid_requeue or (job.id in held and job.id not in busy)):
+                continue
+            jlog = job_logger(log, job.slurm_job_id)
+            try:
+                if mid_requeue:
+                    self.slurm.start_now(job.slurm_job_id)
+                self.slurm.release(job.slurm_job_id)
+                n += 1
+                jlog.info("released on daemon stop%s", " (mid-requeue, at the size Slurm has "
+                          f"for it: {sj.gpus} GPUs)" if mid_requeue else "")
+            except SlurmUnavailable as exc:
+                log.warning("could not release holds on stop: %s", exc)
+                break
+            except SlurmError as exc:
+                jlog.warning("release refused: %s", exc)
+                continue
+            with self.sessions() as s, s.begin():
+                now = self.clock()
+                if mid_requeue:
+                    store.update_action(s, requeued[job.id], now=now, state=Step.OBSERVE.value,
+                                        next_attempt_at=None, attempts=0,
+                                        note="released on daemon stop")
                     continue
-                with self.sessions() as s, s.begin():
-                    # Recorded as a finished admission, so the hold is no longer the daemon's.
-                    a = store.create_action(s, job_id=job.id, kind=ActionKind.ADMIT.value,
-                                            state=Step.DONE.value, to_gpus=sj.gpus,
-                                            now=self.clock(), from_gpus=sj.gpus,
-                                            note="released on daemon stop")
-                    store.update_action(s, a.id, now=self.clock(), finished=True)
+                a = store.create_action(s, job_id=job.id, kind=ActionKind.ADMIT.value,
+                                        state=Step.DONE.value, to_gpus=sj.gpus, now=now,
+                                        from_gpus=sj.gpus, note="released on daemon stop")
+                store.update_action(s, a.id, now=now, finished=True)
         return n
 
 

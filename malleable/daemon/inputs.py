@@ -7,7 +7,11 @@ history of finished jobs), with the estimators' speedup table attached.
 
 A job whose stored values are unusable (a spec the store could not parse, a
 size that is not a legal shape, ...) is left out of this cycle with a logged
-reason; it never stops the cycle for the others.
+reason; it never stops the cycle for the others. So is a job whose initial
+batch size is not known yet (its spec declares none and it has logged no
+progress): the estimators cannot size it (only 0 GPUs would be feasible, and a
+pending job would be held for ever), so Slurm runs it at the size it asked for
+until its first progress line tells its batch size.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from malleable.config import Config
 from malleable.daemon.estimates import EstimatorBook
-from malleable.db.models import Action, Job, JobEvent
+from malleable.db.models import Action, Job, JobEvent, ProgressSample
 from malleable.estimators.pipeline import Estimates
 from malleable.policies.base import Capacity, Context, JobSet
 from malleable.slurm.hostlist import HostlistError, expand_hostlist
@@ -149,6 +153,20 @@ def _measured_restart_cost(s: Session, ids: list[int]) -> dict[int, float]:
     return {j: float(np.median(v)) for j, v in per.items()}
 
 
+def _without_batch(s: Session, jobs: list[Job], book: EstimatorBook) -> list[Job]:
+    """Jobs with no initial batch size: none declared and no progress sample stored."""
+    unknown = [j for j in jobs if not (j.spec or {}).get("batch_size")
+               and j.id not in book.first_batch]
+    if not unknown:
+        return []
+    have: set[int] = set()
+    ids = [j.id for j in unknown]
+    for i in range(0, len(ids), 500):
+        have.update(s.scalars(select(ProgressSample.job_id).where(
+            ProgressSample.job_id.in_(ids[i:i + 500])).distinct()))
+    return [j for j in unknown if j.id not in have]
+
+
 def size_history(s: Session, limit: int = 5000) -> np.ndarray:
     """Attained service (GPU-seconds) of the latest finished malleable jobs, for Gittins."""
     rows = s.execute(select(Job.attained_gpu_s).where(
@@ -196,6 +214,11 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
             excluded[j.slurm_job_id] = f"bad spec: {exc}"
             continue
         jobs.append(j)
+    unsized = _without_batch(s, jobs, book)
+    for j in unsized:
+        excluded[j.slurm_job_id] = "no batch size known yet (none in its spec, no progress " \
+                                   "logged): left to Slurm"
+    jobs = [j for j in jobs if j not in unsized]
     jobs.sort(key=lambda j: (j.arrival_time or j.first_seen, j.id))
     for sid, why in excluded.items():
         log.debug("left out of this cycle: %s", why, extra={"job": sid})

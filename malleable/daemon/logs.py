@@ -39,6 +39,13 @@ class _Defaults(logging.Filter):
 _STATE: dict = {}
 
 
+class _NotSkipped(logging.Filter):
+    """Drop APScheduler's "skipped: maximum number of running instances reached"."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in record.getMessage()
+
+
 def set_cycle(n: int | str) -> None:
     """Stamp subsequent log lines with this cycle number."""
     _STATE["cycle"] = n
@@ -70,11 +77,15 @@ def setup_logging(level: str = "INFO", stream=None, journald: bool | None = None
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
-    # APScheduler's own lines go through the same handler.
+    # APScheduler's own lines go through the same handler; a run skipped because the
+    # previous one still runs is the intended coalescing (each cycle logs its duration).
     aps = logging.getLogger("apscheduler")
     aps.handlers[:] = [handler]
     aps.setLevel("WARNING")
     aps.propagate = False
+    sched = logging.getLogger("apscheduler.scheduler")
+    sched.filters[:] = [f for f in sched.filters if not isinstance(f, _NotSkipped)]
+    sched.addFilter(_NotSkipped())
 
 
 def job_logger(logger: logging.Logger, job_id: str) -> logging.LoggerAdapter:

@@ -5,8 +5,12 @@
 1. open the state store and refuse an older or newer schema (an empty
    database is created at the current schema);
 2. take the single-daemon lease (a second daemon refuses to start, naming the
-   holder);
-3. one poll (so the first decision sees the cluster), then READY=1 to systemd;
+   holder). A lease whose holder is a process of this host that no longer
+   exists (this daemon's previous run, killed or crashed) is taken over at
+   once instead of after ``lease_timeout_s``;
+3. read the cluster (version, nodes: logged with the RPCs it took; Slurm being
+   down is logged and not fatal), one poll (so the first decision sees the
+   cluster), then READY=1 to systemd;
 4. APScheduler (3.x, blocking scheduler, ONE worker thread so jobs never
    overlap, missed runs coalesced): ``poll`` every poll_interval_s, ``ingest``
    every ingest_interval_s, ``decide`` every decide_interval_s,
@@ -17,6 +21,9 @@
    completes and is recorded), release the daemon's admission holds, give the
    lease back, exit 0.
 
+Test hook: with ``MALLEABLE_TEST_CRASH_AT`` set, the actuator kills the
+process at the listed points (`malleable.daemon.testhook`); unset, nothing.
+
 ``--once`` runs one decide cycle (after the same checks) and exits: for cron
 and tests.
 """
@@ -24,7 +31,9 @@ and tests.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +45,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from malleable.config import Config, ConfigError, load_config
 from malleable.daemon.cycle import CycleReport, Daemon
 from malleable.daemon.systemd import Notifier
+from malleable.daemon.testhook import crash_points_from_env
 from malleable.db import schema
 from malleable.db.engine import engine_from_config, session_factory
 from malleable.db.lease import (
@@ -43,11 +53,13 @@ from malleable.db.lease import (
     acquire_lease,
     default_holder,
     heartbeat_lease,
+    read_lease,
     release_lease,
 )
 from malleable.db.retention import apply_retention
 from malleable.progress.spool import ensure_spool_dir
 from malleable.slurm import connect
+from malleable.slurm.client import SlurmError
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +104,24 @@ class Service:
         self.daemon = Daemon(slurm=connect(config.slurm), sessions=self.sessions, clock=utcnow,
                              spool_dir=config.progress.spool_dir, config=config,
                              dry_run=self.dry_run)
+        self.daemon.actuator.step_hook = crash_points_from_env()
         self.scheduler: BlockingScheduler | None = None
         self._stopping = threading.Event()
+        # Held while a scheduled job runs: the stop waits for it before cleaning up.
+        self._busy = threading.Lock()
 
     # ------------------------------------------------------------------ jobs
 
     def _run(self, fn: Callable[[], CycleReport | None], what: str) -> None:
         """Run one scheduled job; an exception is logged and the next run tries again."""
-        if self._stopping.is_set():
-            return
-        try:
-            report = fn()
-        except Exception:  # the service must outlive any single cycle's failure
-            log.exception("%s failed; will run again at the next interval", what)
-            return
+        with self._busy:
+            if self._stopping.is_set():
+                return
+            try:
+                report = fn()
+            except Exception:  # the service must outlive any single cycle's failure
+                log.exception("%s failed; will run again at the next interval", what)
+                return
         if report is not None and self.options.metrics is not None:
             self.options.metrics(report)
         if report is not None:
@@ -114,6 +130,8 @@ class Service:
                                  + (" (Slurm unavailable)" if report.slurm_unavailable else ""))
 
     def _heartbeat(self) -> None:
+        if self._stopping.is_set():
+            return
         try:
             heartbeat_lease(self.engine, self.holder)
         except LeaseLost as exc:
@@ -128,31 +146,66 @@ class Service:
 
     # ------------------------------------------------------------------ life cycle
 
+    def _take_lease(self) -> None:
+        """Acquire the lease; a holder that is a dead process of this host is taken over.
+
+        Raises:
+            LeaseHeld: another daemon holds it (names the holder).
+        """
+        timeout = self.config.daemon.lease_timeout_s
+        held = read_lease(self.engine)
+        if held.holder and held.holder != self.holder and _dead_local(held.holder):
+            log.warning("the lease holder %s is no process of this host any more (a daemon "
+                        "that was killed); taking the lease over", held.holder)
+            timeout = 0.0
+        acquire_lease(self.engine, self.holder, timeout_s=timeout)
+
+    def _cluster(self) -> None:
+        """Read and log the cluster and the node list at start (also primes the port's
+        version cache, so that no cycle pays for it)."""
+        slurm = self.daemon.slurm
+        rpc0 = self.daemon.rpc_count()
+        try:
+            info = slurm.cluster()
+        except SlurmError as exc:
+            log.warning("Slurm does not answer at start (%s); polling until it does "
+                        "(start-up: %d Slurm RPCs)", exc, self.daemon.rpc_count() - rpc0)
+            return
+        self.daemon.refresh_nodes(utcnow(), force=True)
+        log.info("Slurm %s: %d nodes, %d GPUs per node, partitions %s (start-up: %d Slurm "
+                 "RPCs)", info.version, info.nodes, info.gpus_per_node,
+                 ",".join(info.partitions) or "-", self.daemon.rpc_count() - rpc0)
+
     def start(self) -> int:
         """Take the lease, run until stopped (or once). Returns the exit code."""
-        acquire_lease(self.engine, self.holder, timeout_s=self.config.daemon.lease_timeout_s)
+        self._take_lease()
         log.info("lease taken by %s; policy %s; %s", self.holder, self.config.policy.name,
                  "DRY RUN: no change to Slurm" if self.dry_run else "acting on Slurm")
         try:
+            self._cluster()
             if self.options.once:
                 self.daemon.decide_cycle()
                 return 0
             self.daemon.poll_cycle()
-            self.daemon.refresh_nodes(utcnow(), force=True)
             self.notifier.ready(f"polling every {self.config.daemon.poll_interval_s:.0f} s")
             self._schedule()
             self.scheduler.start()  # blocks until stop()
             return 0
         finally:
-            if not self.options.once:
-                try:
-                    n = self.daemon.release_holds()
-                    if n:
-                        log.info("released %d job(s) the daemon held", n)
-                except Exception:  # the stop must complete whatever happens
-                    log.exception("releasing holds on stop failed")
-            release_lease(self.engine, self.holder)
-            self.engine.dispose()
+            # A job still running in the worker thread finishes (its Slurm call and the
+            # step after it are recorded) before the cleanup.
+            with self._busy:
+                if not self.options.once:
+                    rpc0 = self.daemon.rpc_count()
+                    try:
+                        n = self.daemon.release_holds()
+                        log.info("stopping: released %d job(s) the daemon held (%d Slurm RPCs)",
+                                 n, self.daemon.rpc_count() - rpc0)
+                    except Exception:  # the stop must complete whatever happens
+                        log.exception("releasing holds on stop failed")
+                release_lease(self.engine, self.holder)
+                log.info("stopped; lease of %s released", self.holder)
+                self.engine.dispose()
 
     def _schedule(self) -> None:
         d = self.config.daemon
@@ -183,6 +236,7 @@ class Service:
         if self._stopping.is_set():
             return
         self._stopping.set()
+        log.info("stop requested: finishing the job in progress")
         self.notifier.stopping()
         if self.scheduler is not None and self.scheduler.running:
             # wait=False: we are called from a signal handler in the main thread, while
@@ -203,6 +257,9 @@ class Service:
             log.warning("database.url changed in %s; it takes effect at the next restart",
                         new.source)
             new = _with_database(new, self.config)
+        if new.daemon.dry_run != self.config.daemon.dry_run:
+            log.warning("daemon.dry_run changed in %s; it takes effect at the next restart",
+                        new.source)
         self.config = new
         self.daemon.config = new
         if self.scheduler is not None:
@@ -211,8 +268,24 @@ class Service:
                                     ("decide", d.decide_interval_s),
                                     ("housekeeping", d.housekeeping_interval_s)):
                 self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
-        log.info("configuration reloaded from %s", new.source)
+        log.info("configuration reloaded from %s (policy %s, poll %g s, decide %g s)",
+                 new.source, new.policy.name, new.daemon.poll_interval_s,
+                 new.daemon.decide_interval_s)
         self.notifier.ready("configuration reloaded")
+
+
+def _dead_local(holder: str) -> bool:
+    """Whether a lease holder "host:pid" names this host and a pid that does not exist."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, another user's
+        return False
+    return False
 
 
 def _with_database(new: Config, old: Config) -> Config:

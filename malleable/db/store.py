@@ -351,6 +351,26 @@ def record_estimate(session: Session, *, job_id: int, time: datetime, model: str
     return est
 
 
+def record_estimates(session: Session, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Store many estimates in one executemany (the daemon's per-cycle write).
+
+    Args:
+        rows: mappings with the keyword arguments of `record_estimate` (job_id, time,
+            model, params, remaining_work, remaining_work_sd, flags).
+
+    Returns:
+        The number stored.
+    """
+    rows = [{"job_id": r["job_id"], "time": r["time"], "model": r["model"],
+             "params": dict(r["params"]), "remaining_work": r.get("remaining_work"),
+             "remaining_work_sd": r.get("remaining_work_sd"),
+             "flags": dict(r["flags"]) if r.get("flags") is not None else None}
+            for r in rows]
+    if rows:
+        session.execute(insert(Estimate.__table__), rows)
+    return len(rows)
+
+
 def latest_estimates(session: Session, job_ids: Iterable[int]) -> dict[int, Estimate]:
     """The newest estimate of each job that has one (``jobs.id`` -> `Estimate`)."""
     ids = list(dict.fromkeys(job_ids))

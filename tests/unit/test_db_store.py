@@ -268,3 +268,18 @@ def test_samples_carry_their_run(Session):
     with Session() as s:
         (row,) = store.latest_samples(s, [jid], 5)[jid]
         assert row.restart == 2
+
+
+def test_record_estimates_in_bulk_equals_one_by_one(Session):
+    with Session() as s, s.begin():
+        ids = store.upsert_jobs(s, [sj("501"), sj("502")], T0).ids
+        n = store.record_estimates(s, [
+            {"job_id": ids["501"], "time": T0, "model": "pollux", "params": {"p": 0.5},
+             "remaining_work": 10.0, "remaining_work_sd": 1.0, "flags": {"bits": 1}},
+            {"job_id": ids["502"], "time": T0, "model": "pollux", "params": {"p": 0.7},
+             "remaining_work": None, "remaining_work_sd": None, "flags": None}])
+        assert n == 2
+    with Session() as s:
+        got = store.latest_estimates(s, ids.values())
+        assert got[ids["501"]].params == {"p": 0.5} and got[ids["501"]].flags == {"bits": 1}
+        assert got[ids["502"]].remaining_work is None and got[ids["502"]].flags is None

@@ -1,0 +1,138 @@
+"""Issue 8, Slurm outage: slurmctld stopped for 60 s during a run; and pause/resume.
+
+The session's slurmctld is stopped by its pid file (SIGTERM: it saves its state)
+and started again after 60 s with the same slurm.conf, without ``-i``, so it
+recovers every job; slurmd and the jobs keep running meanwhile. While it is down,
+``squeue --json`` answers with an error entry instead of jobs (the port raises
+`SlurmUnavailable`). (With ``MALLEABLE_TEST_SLURM_CONF``, a harness this session did
+not start, it is that harness's slurmctld that is stopped and started again.)
+
+The daemon starts paused (``settings``: paused), so it observes and plans but
+acts on nothing; it is resumed while the controller is down. It must log the
+outage, record no decision and start no action on the stale state of its last
+poll, stay alive, and act (a checkpoint-requeue the plan wanted all along) only
+when the controller is back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from malleable.db import schema, store
+from malleable.db.engine import make_engine, session_factory
+from tests.helpers import wait_until
+from tests.integration.daemon_support import (
+    DaemonProcess,
+    cycle_lines,
+    environ_for,
+    job_view,
+    squeue,
+    store_of,
+    submit_emulated,
+    submit_rigid,
+    wait_running,
+    write_config,
+)
+
+pytestmark = pytest.mark.slurm
+
+OUTAGE_S = 60
+
+
+def ctld_pid(h) -> int:
+    """slurmctld's pid from the harness's pid file, checked to be that harness's process."""
+    pid = int((h.dir / "slurmctld.pid").read_text().split()[0])
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert Path(argv[0].decode()).name == "slurmctld" and str(h.conf).encode() in argv, argv
+    return pid
+
+
+def stop_ctld(h) -> None:
+    pid = ctld_pid(h)
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=30, what="slurmctld stopped")
+
+
+def start_ctld(h) -> None:
+    """Start slurmctld again on the same slurm.conf, keeping its saved state (no -i)."""
+    subprocess.run(["/usr/sbin/slurmctld", "-f", str(h.conf)], env=h.env, check=True,
+                   capture_output=True, timeout=60)
+    wait_until(lambda: "UP" in h.run("scontrol", "ping", check=False).stdout, timeout=60,
+               what="slurmctld answering")
+
+
+def set_paused(url: str, paused: bool) -> None:
+    engine = make_engine(url)
+    try:
+        with session_factory(engine)() as s, s.begin():
+            store.set_paused(s, paused)
+    finally:
+        engine.dispose()
+
+
+def test_slurm_outage_is_logged_acted_on_only_after_and_survived(slurm, tmp_path):
+    rigid = submit_rigid(slurm, tmp_path, nodes=1, gpus_per_node=4)
+    wait_running(slurm, [rigid])
+    a = submit_emulated(slurm, tmp_path, "gpus=2-4,step=2,grace=30", nodes=1, gpus_per_node=2)
+    before = wait_running(slurm, [rigid, a])
+
+    config = write_config(tmp_path, poll=2, decide=4)
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    engine = make_engine(url)
+    schema.prepare_schema(engine)
+    engine.dispose()
+    set_paused(url, True)
+    db = store_of(tmp_path)
+    daemon = DaemonProcess(config, tmp_path / "daemon.log", environ_for(slurm))
+    daemon.start()
+    ctld_down = False
+    try:
+        # Paused: plans (the decision wants A on 4 GPUs), acts on nothing.
+        daemon.wait_log(rf"job={a} \S+: plan: requeue 2 -> 4 GPUs .*\[paused\]", timeout=30)
+        assert db.actions() == []
+
+        stop_ctld(slurm)
+        ctld_down = True
+        down_at = time.monotonic()
+        mark = daemon.size()
+        daemon.wait_log(r"poll failed, Slurm unavailable", since=mark, timeout=40)
+        set_paused(url, False)   # resumed while Slurm is down: still nothing may happen
+        decisions = len(db.decisions())
+        while time.monotonic() - down_at < OUTAGE_S:
+            assert daemon.proc.poll() is None, daemon.text()[-3000:]
+            assert db.actions() == []
+            assert len(db.decisions()) == decisions
+            time.sleep(2)
+        text = daemon.text()
+        outage_log = text[text.index("poll failed, Slurm unavailable", mark - daemon.offset):]
+        start_ctld(slurm)
+        ctld_down = False
+
+        lines = cycle_lines(outage_log)
+        assert lines and all(c["unavailable"] and c["actions_rpc"] == 0 for c in lines), lines
+        assert ": done (action" not in outage_log
+        # Back: the daemon acts on a fresh poll, A is requeued at 4 GPUs.
+        wait_until(lambda: (j := squeue(slurm)[a]).state.value == "RUNNING" and j.gpus == 4
+                   and j.restart_count == 1, timeout=90, what="A requeued at 4 GPUs")
+        wait_until(lambda: [x["state"] for x in db.actions()] == ["done"], timeout=30,
+                   what="the requeue action done")
+        assert daemon.stop() == 0
+    finally:
+        if ctld_down:
+            start_ctld(slurm)
+        daemon.kill()
+
+    acts = db.actions()
+    assert len(acts) == 1 and acts[0]["kind"] == "requeue" and acts[0]["job"] == a
+    assert len(db.decisions()) > decisions and acts[0]["decision_id"] > decisions
+    after = squeue(slurm)
+    assert job_view(after[rigid]) == job_view(before[rigid])
+    log = daemon.text()
+    assert "Slurm unavailable" in log and "Traceback" not in log
+    db.close()

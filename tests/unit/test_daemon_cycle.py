@@ -1,0 +1,294 @@
+"""The daemon's cycle in-process against the simulator's Slurm, for what the harness
+cannot make happen on cue.
+
+`Daemon` runs here exactly as in the service, with `SimSlurm` (the project's model
+of Slurm 22.05, malleable/sim/slurm.py) as its port, the simulator's clock and a
+real SQLite store: a job that Slurm keeps pending after its release (its GPUs
+went to an earlier job), the pause rules, and a poll that skipped a job record it
+could not parse (the CLI port's ``parse_errors``; the subclass below stands in for
+a record 22.05 would not let us corrupt on cue).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import select
+
+from malleable.config import parse_config
+from malleable.daemon.cycle import Daemon
+from malleable.db import schema, store
+from malleable.db.engine import make_engine, session_factory
+from malleable.db.models import Action, Job, JobEvent
+from malleable.sim.engine import Engine
+from malleable.sim.jobs import ProfileJob, RigidJob
+from malleable.sim.profiles import load_profile
+from malleable.sim.slurm import SimSlurm
+from malleable.slurm.client import SlurmParseError, SlurmRejected, SlurmUnavailable
+from malleable.slurm.records import JobState, SubmitRequest
+
+SPEC = "malleable:gpus=2-4,step=2,grace=60,batch=512,restart_cost=0"
+
+
+class SkippingSlurm(SimSlurm):
+    """SimSlurm whose ``jobs()`` leaves out the ids in ``skip`` and reports them in
+    ``parse_errors`` (what the CLI port does with a record it cannot parse)."""
+
+    skip: frozenset[str] = frozenset()
+    lookup_fails = False
+    parse_errors: list[SlurmParseError] = []
+
+    def jobs(self):
+        out = super().jobs()
+        self.parse_errors = [SlurmParseError(f"jobs[?].job_state: unknown (job {j})",
+                                             field="job_state") for j in sorted(self.skip)]
+        return [j for j in out if j.job_id not in self.skip]
+
+    def job(self, job_id):
+        if self.lookup_fails:
+            self.rpc_count += 1
+            raise SlurmParseError("scontrol show job: JobState=??? unreadable", field="JobState")
+        return super().job(job_id)
+
+
+class FlakySlurm(SimSlurm):
+    """SimSlurm whose listed methods fail: ``down`` ones as an unanswered controller
+    (`SlurmUnavailable`), ``refuse`` ones as a refusal (`SlurmRejected`)."""
+
+    down: frozenset[str] = frozenset()
+    refuse: frozenset[str] = frozenset()
+
+    def __getattribute__(self, name):
+        if name in object.__getattribute__(self, "down"):
+            def unavailable(*_a, **_k):
+                self.rpc_count += 1
+                raise SlurmUnavailable(f"{name}: Unable to contact slurm controller")
+            return unavailable
+        if name in object.__getattribute__(self, "refuse"):
+            def refused(job_id, *_a, **_k):
+                self.rpc_count += 1
+                raise SlurmRejected(f"{name} {job_id}: refused", job_id=job_id,
+                                    slurm_message="Job is no longer pending execution")
+            return refused
+        return super().__getattribute__(name)
+
+
+class Cluster:
+    """A simulated cluster, a state store and a `Daemon` on them."""
+
+    def __init__(self, tmp: Path, nodes: int = 2, slurm_cls=SimSlurm) -> None:
+        self.engine = Engine()
+        self.slurm = slurm_cls(self.engine, nodes=nodes, gpus_per_node=4)
+        self.spool = tmp / "spool"
+        self.spool.mkdir()
+        db = make_engine(f"sqlite:///{tmp}/m.db")
+        schema.prepare_schema(db)
+        self.sessions = session_factory(db)
+        config = parse_config({"progress": {"spool_dir": str(self.spool)},
+                               "policy": {"name": "equi", "min_gain": 0.0, "cooldown_s": 0.0},
+                               "daemon": {"poll_interval_s": 10.0, "decide_interval_s": 20.0}})
+        self.daemon = Daemon(slurm=self.slurm, sessions=self.sessions,
+                             clock=self.engine.datetime_at, spool_dir=str(self.spool),
+                             config=config)
+
+    def submit(self, nodes: int, gpus_per_node: int, program, comment: str = "") -> str:
+        return self.slurm.submit_sim(SubmitRequest(script="/bin/true", nodes=nodes,
+                                                   gpus_per_node=gpus_per_node, comment=comment,
+                                                   requeue=True), program)
+
+    def malleable(self, nodes: int = 1, gpus_per_node: int = 2) -> str:
+        return self.submit(nodes, gpus_per_node, ProfileJob(load_profile("cifar10"),
+                                                            spool_dir=self.spool, batch=512),
+                           SPEC)
+
+    def advance(self, seconds: float) -> None:
+        self.engine.run(until=self.engine.now + seconds)
+
+    def job(self, job_id: str):
+        """The job as the simulated controller has it (bypassing a failing lookup)."""
+        return SimSlurm.job(self.slurm, job_id)
+
+    def actions(self, job_id: str) -> list[Action]:
+        with self.sessions() as s:
+            return list(s.scalars(select(Action).join(Job, Job.id == Action.job_id)
+                                  .where(Job.slurm_job_id == job_id).order_by(Action.id)))
+
+    def db_id(self, job_id: str) -> int:
+        with self.sessions() as s:
+            return s.scalar(select(Job.id).where(Job.slurm_job_id == job_id))
+
+
+def test_a_job_slurm_keeps_pending_after_its_release_is_not_blocked_by_observe(tmp_path):
+    c = Cluster(tmp_path)
+    c.submit(1, 4, RigidJob(1e6))                     # node1
+    p = c.malleable()                                 # node2, 2 of 4 GPUs
+    q = c.submit(1, 4, RigidJob(1e6))                 # pending: node2 has 2 GPUs free
+    c.advance(60)                                     # P is past its start-up, training
+    r = c.daemon.decide_cycle()                       # equi: P grows to 4 (requeue)
+    assert [(x.job_id, x.kind.value, x.to_gpus) for x in r.planned] == [(p, "requeue", 4)]
+    c.advance(15)                                     # P checkpoints
+    c.daemon.poll_cycle()                             # requeue_hold ... release
+    c.advance(10)
+    # Q, earlier in the queue, took node2 when P was requeued; P pends behind it.
+    assert c.job(q).state == JobState.RUNNING and c.job(p).state == JobState.PENDING
+    assert not c.job(p).held
+    c.daemon.poll_cycle()
+    (a,) = c.actions(p)
+    assert a.state == "observe" and a.note == "PENDING, waiting to run"
+    c.advance(10)
+    r = c.daemon.decide_cycle()                       # no GPU left for P: target 0
+    a, hold = c.actions(p)
+    assert a.state == "done" and a.note.startswith(f"superseded by decision {r.decision_id} "
+                                                   "(target 0 GPUs)")
+    assert hold.kind == "hold" and hold.state == "done" and c.job(p).held
+
+
+def test_paused_drops_untouched_actions_finishes_started_ones_and_releases_holds(tmp_path):
+    c = Cluster(tmp_path)
+    p = c.malleable()                                 # node1
+    u = c.malleable()                                 # node1
+    h = c.submit(2, 4, RigidJob(1e6), SPEC)           # pending: needs both nodes
+    c.advance(60)
+    c.daemon.poll_cycle()
+    now = c.engine.datetime_at()
+    c.slurm.hold(h)
+    c.slurm.signal(p, "USR1")
+    with c.sessions() as s, s.begin():
+        ids = store.job_ids(s, [p, u, h])
+        # H: held by the daemon (its hold is recorded, done).
+        done = store.create_action(s, job_id=ids[h], kind="hold", state="hold", to_gpus=0,
+                                   now=now, from_gpus=8)
+        store.update_action(s, done.id, now=now, state="done", finished=True)
+        # P: signalled, waiting for its checkpoint (past the point of no return).
+        signalled = store.create_action(s, job_id=ids[p], kind="requeue",
+                                        state="wait_checkpoint", to_gpus=4, to_nodes=1,
+                                        now=now, from_gpus=2)
+        store.update_action(s, signalled.id, now=now, signalled_at=now)
+        # U: recorded, never started.
+        store.create_action(s, job_id=ids[u], kind="requeue", state="signal", to_gpus=4,
+                            to_nodes=1, now=now, from_gpus=2)
+        store.set_paused(s, True)
+    c.advance(15)
+    report = c.daemon.poll_cycle()
+    assert report.paused
+    (ua,) = c.actions(u)
+    assert ua.state == "abandoned" and ua.note == "paused by an operator"
+    release = c.actions(h)[-1]
+    assert (release.kind, release.state) == ("admit", "done") and not c.job(h).held
+    # P's requeue went on (it had checkpointed): requeued, resized, released while paused.
+    assert report.drive.calls == {"requeue_hold": 1, "resize_pending": 1, "start_now": 1,
+                                  "release": 2}
+    assert c.actions(p)[0].state == "observe"
+    c.advance(60)
+    c.daemon.poll_cycle()
+    assert c.actions(p)[0].state == "done"
+    assert c.job(p).gpus == 4 and c.job(p).restart_count == 1
+    assert c.job(u).state == JobState.RUNNING and c.job(u).restart_count == 0
+    # Paused decisions are recorded; no action is started.
+    n = sum(len(c.actions(j)) for j in (p, u, h))
+    r = c.daemon.decide_cycle()
+    assert r.paused and r.decision_id is not None and r.planned
+    assert sum(len(c.actions(j)) for j in (p, u, h)) == n
+
+
+def test_a_job_missing_from_a_poll_with_parse_errors_is_not_taken_as_finished(tmp_path):
+    c = Cluster(tmp_path, slurm_cls=SkippingSlurm)
+    p = c.malleable()
+    h = c.submit(2, 4, RigidJob(1e6), SPEC)           # pending
+    c.advance(1)
+    c.daemon.poll_cycle()
+    now = c.engine.datetime_at()
+    with c.sessions() as s, s.begin():
+        store.create_action(s, job_id=store.job_ids(s, [h])[h], kind="hold", state="hold",
+                            to_gpus=0, now=now, from_gpus=8)
+
+    c.slurm.skip = frozenset({p, h})
+    c.slurm.lookup_fails = True
+    c.advance(10)
+    r = c.daemon.decide_cycle()                       # drives twice: looks H up once
+    with c.sessions() as s:
+        states = dict(s.execute(select(Job.slurm_job_id, Job.state)).all())
+        vanished = s.scalars(select(JobEvent).where(JobEvent.detail.like("%no longer%"))).all()
+    assert states == {p: "RUNNING", h: "PENDING"} and vanished == []
+    (a,) = c.actions(h)                               # looked up, unreadable: it waits
+    assert a.state == "hold" and a.finished_at is None and not c.job(h).held
+    # The poll, one lookup (not one per drive), and the first node-list read.
+    assert (r.rpc, r.rpc_poll, r.rpc_nodes) == (3, 1, 1)
+    assert r.decision_id is not None                  # the others are still decided for
+
+    c.slurm.lookup_fails = False
+    c.advance(10)
+    r = c.daemon.poll_cycle()                         # looked up, held
+    (a,) = c.actions(h)
+    assert a.state == "done" and c.job(h).held
+    assert r.rpc == 3 and r.drive.calls == {"hold": 1}
+
+    # A job that is really gone (cancelled, purged after MinJobAge) is finished.
+    c.slurm.skip = frozenset()
+    c.slurm.cancel(p)
+    c.advance(400)
+    c.daemon.poll_cycle()
+    with c.sessions() as s:
+        assert s.scalar(select(Job.state).where(Job.slurm_job_id == p)) in ("CANCELLED",
+                                                                            "COMPLETED")
+
+
+def test_a_steady_decide_cycle_costs_one_rpc(tmp_path):
+    c = Cluster(tmp_path)
+    jobs = [c.malleable() for _ in range(4)]          # 2 per node: equi keeps them at 2
+    c.advance(1)
+    c.daemon.refresh_nodes(c.engine.datetime_at(), force=True)
+    for _ in range(3):
+        c.advance(20)
+        r = c.daemon.decide_cycle()
+        assert r.managed == 4 and not r.planned
+        assert (r.rpc, r.rpc_poll, r.rpc_nodes, r.drive.rpc_count) == (1, 1, 0, 0)
+    assert all(c.job(j).restart_count == 0 for j in jobs)
+
+
+def grow_one(tmp_path) -> tuple[Cluster, str]:
+    """P on 2 GPUs alone on a 1-node cluster: equi grows it to 4 (checkpoint-requeue)."""
+    c = Cluster(tmp_path, nodes=1, slurm_cls=FlakySlurm)
+    p = c.malleable()
+    c.advance(60)
+    r = c.daemon.decide_cycle()
+    assert [(x.kind.value, x.to_gpus) for x in r.planned] == [("requeue", 4)]
+    c.advance(15)                                     # P checkpoints
+    return c, p
+
+
+def test_slurm_down_in_the_middle_of_an_action_leaves_the_step_to_retry(tmp_path):
+    c, p = grow_one(tmp_path)
+    c.slurm.down = frozenset({"requeue_hold"})
+    r = c.daemon.decide_cycle()
+    (a,) = c.actions(p)
+    assert r.slurm_unavailable and r.decision_id is None      # no decision on it either
+    assert a.state == "requeue_hold" and "Unable to contact" in a.last_error
+    assert c.job(p).state == JobState.RUNNING and c.job(p).restart_count == 0
+    c.slurm.down = frozenset({"jobs"})                # the poll fails: nothing is driven
+    c.advance(10)
+    r = c.daemon.poll_cycle()
+    assert r.slurm_unavailable and r.rpc == 1 and c.actions(p)[0].state == "requeue_hold"
+    c.slurm.down = frozenset()
+    c.advance(10)
+    c.daemon.poll_cycle()
+    c.advance(10)
+    c.daemon.poll_cycle()
+    (a,) = c.actions(p)
+    assert a.state == "done" and c.job(p).gpus == 4 and c.job(p).restart_count == 1
+
+
+def test_a_stop_releases_a_job_held_mid_requeue(tmp_path):
+    c, p = grow_one(tmp_path)
+    c.slurm.refuse = frozenset({"resize_pending"})    # requeued and held, resize refused
+    c.daemon.poll_cycle()
+    (a,) = c.actions(p)
+    assert a.state == "resize" and a.next_attempt_at is not None
+    assert c.job(p).state == JobState.PENDING and c.job(p).held
+    assert c.daemon.release_holds() == 1
+    (a,) = c.actions(p)
+    assert a.state == "observe" and a.note == "released on daemon stop"
+    assert not c.job(p).held
+    c.advance(5)
+    j = c.job(p)                                      # restarted at the size it had
+    assert j.state == JobState.RUNNING and j.gpus == 2 and j.restart_count == 1

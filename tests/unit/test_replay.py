@@ -1,0 +1,58 @@
+"""`malleable replay`'s pure parts: the trace-job recipe, the subset, the CLI's bad input."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from malleable.cli import main
+from malleable.replay import legal_gpus, recipe, select
+from malleable.sim.traces import TraceJob
+from malleable.spec import format_spec, parse_spec
+
+WORKLOAD = "malleable/sim/data/pollux/workloads/workload-1.csv"
+
+
+def test_legal_gpus_rounds_down_to_one_node_or_whole_nodes():
+    assert [legal_gpus(k, 4, 16) for k in (1, 3, 4, 6, 8, 12, 16, 32)] == \
+        [1, 3, 4, 4, 8, 12, 16, 16]
+    assert legal_gpus(0, 4, 16) == 1 and legal_gpus(9, 8, 64) == 8
+
+
+def test_recipe_uses_the_profile_and_the_trace():
+    t = TraceJob(name="cifar10-0", arrival_s=107.0, gpus=6, model="cifar10", batch_size=2048)
+    r = recipe(t, gpus_per_node=4, max_gpus=16, grace_s=30)
+    assert r.initial_gpus == 4 and r.batch == 2048 and r.model == "cifar10"
+    s = r.spec
+    assert (s.min_gpus, s.max_gpus, s.batch_size, s.max_batch_size, s.max_local_batch_size,
+            s.model, s.grace_s, s.shrink_inplace) == (1, 16, 128, 4096, 1024, "cifar10", 30.0,
+                                                      False)
+    assert parse_spec(format_spec(s)) == s
+
+
+def test_recipe_refuses_a_job_without_profile():
+    t = TraceJob(name="x", arrival_s=0.0, gpus=1, model=None, duration_s=60.0)
+    try:
+        recipe(t, gpus_per_node=4, max_gpus=16)
+    except ValueError as exc:
+        assert "x" in str(exc) and "no profile" in str(exc)
+    else:
+        raise AssertionError("a job without a model must be refused")
+
+
+def test_select_filters_thins_and_limits_in_arrival_order():
+    jobs = [TraceJob(f"j{i}", float(100 - i), 1, "ncf" if i % 2 else "bert") for i in range(10)]
+    out = select(jobs, models=["ncf"], every=2, limit=2)
+    assert [j.name for j in out] == ["j9", "j5"]
+    assert [j.name for j in select(jobs, until_s=93)] == ["j9", "j8"]
+
+
+def test_cli_dry_run_offline_and_bad_input():
+    r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "2",
+                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert '"name": "cifar10-0"' in r.output and "malleable:gpus=1-16" in r.output
+    r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--models", "gpt9",
+                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run"])
+    assert r.exit_code == 2 and "gpt9" in r.output
+    r = CliRunner().invoke(main, ["replay", "--workload", "/nonexistent.csv"])
+    assert r.exit_code == 2 and "/nonexistent.csv" in r.output
