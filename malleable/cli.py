@@ -20,11 +20,19 @@ from malleable import __version__
 
 # name -> "module:attribute" of a click command or group. Adding a command is one line here.
 COMMANDS: dict[str, str] = {
+    "actions": "malleable.ops.actions:actions",
     "conf": "malleable.slurm_conf.cli:conf",
+    "config": "malleable.ops.config:config",
     "daemon": "malleable.daemon.cli:daemon",
     "db": "malleable.db.cli:db",
+    "job": "malleable.ops.job:job",
+    "pause": "malleable.ops.control:pause",
+    "plan": "malleable.ops.plan:plan",
+    "policy": "malleable.ops.policy:policy",
     "replay": "malleable.replay:replay_command",
     "report": "malleable.progress.cli:report",
+    "resume": "malleable.ops.control:resume",
+    "status": "malleable.ops.status:status",
     "submit": "malleable.submit:submit",
 }
 

@@ -1,0 +1,85 @@
+"""Who may change what the daemon does: root, or a member of the operator group.
+
+Commands that change settings (``pause``, ``resume``, ``policy set``) call
+`require_operator` first. Root (effective uid 0) always may. Anyone else may
+when ``[operator] group`` names a Unix group this process is a member of
+(its effective or a supplementary group: membership granted after login
+counts from the next login). Everyone else gets `Refused` (exit 1) with a
+message saying who may and how to get there. The database's file permissions
+apply on top of this (docs/operator-guide.md, "Who may do what").
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+
+from malleable.config import Config
+from malleable.ops.output import Refused
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group_names(gids: list[int]) -> list[str]:
+    out = []
+    for g in gids:
+        try:
+            out.append(grp.getgrgid(g).gr_name)
+        except KeyError:
+            out.append(str(g))
+    return out
+
+
+def caller() -> str:
+    """This process's user for messages: "alice (uid 1000, groups: alice, users)"."""
+    uid = os.geteuid()
+    gids = sorted(set([os.getegid(), *os.getgroups()]))
+    return f"{_user_name(uid)} (uid {uid}, groups: {', '.join(_group_names(gids))})"
+
+
+def is_operator(config: Config) -> bool:
+    """True for root and for members of ``[operator] group`` (an unknown group: False)."""
+    if os.geteuid() == 0:
+        return True
+    name = config.operator.group
+    if not name:
+        return False
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        return False
+    return gid == os.getegid() or gid in os.getgroups()
+
+
+def require_operator(config: Config, what: str) -> None:
+    """Refuse unless the caller is root or in the operator group.
+
+    Args:
+        config: settings (``[operator] group``, and its source for the message).
+        what: what the caller tried, for the message ("pause the daemon").
+
+    Raises:
+        Refused: the caller may not; the message names the caller, the rule and the fix.
+    """
+    if is_operator(config):
+        return
+    name = config.operator.group
+    where = f"[operator] group in {config.source}"
+    if not name:
+        rule = (f"only root may {what}: no operator group is configured ({where} is empty); "
+                f"run it with sudo, or have an administrator set {where}")
+    else:
+        try:
+            grp.getgrnam(name)
+            rule = (f"only root or members of the operator group {name!r} ({where}) may {what}; "
+                    f"run it with sudo, or ask to be added to {name!r} (then log in again)")
+        except KeyError:
+            rule = (f"only root or members of the operator group {name!r} ({where}) may {what}, "
+                    f"and no group {name!r} exists on this host")
+    raise Refused(f"permission denied: you are {caller()}; {rule}")

@@ -1,0 +1,343 @@
+"""``malleable job show ID``: everything the daemon knows about one job.
+
+Its identity and spec, the history of its states and sizes (job events), its
+actions, the latest targets decisions gave it, its progress (lines stored,
+per-run throughput, rejected lines by reason), its latest estimate, and the
+fitted speedup curve: the goodput at each GPU count the job may use,
+evaluated from the latest estimate's parameters by the estimators' own
+function (`malleable.ops.views.goodput_curve`). ``--plot PATH`` also draws
+the curve as a PNG (matplotlib, Agg backend).
+
+Read-only; works for any user who can read the database.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from malleable.db import store
+from malleable.db.models import Action, Decision, ProgressSample, Target
+from malleable.ops.access import effective_config, open_store
+from malleable.ops.output import (
+    BadInput,
+    emit,
+    finite,
+    fmt_duration,
+    fmt_number,
+    handle_errors,
+    iso,
+    json_option,
+    store_options,
+    table,
+)
+from malleable.ops.status import action_doc, slurm_reason
+from malleable.ops.views import (
+    RECENT_SAMPLES,
+    GoodputCurve,
+    flag_names,
+    goodput_curve,
+    recent_throughput,
+    remaining_time,
+    resolve_gpus_per_node,
+)
+
+SCHEMA = "malleable.job/1"
+TARGETS_SHOWN = 20
+
+
+def _sample_doc(r) -> dict | None:
+    if r is None:
+        return None
+    return {"time": iso(r.time), "step": r.step, "samples": r.samples, "gpus": r.gpus,
+            "nodes": r.nodes, "batch_size": r.batch_size, "metric": finite(r.metric),
+            "restart": r.restart}
+
+
+def _runs(s: Session, job_id: int) -> list[dict]:
+    """Per run (restart count): lines, GPUs, first and last time, throughput."""
+    P = ProgressSample
+    rows = s.execute(
+        select(P.restart, func.count(), func.min(P.gpus), func.max(P.gpus), func.min(P.time),
+               func.max(P.time), func.min(P.samples), func.max(P.samples))
+        .where(P.job_id == job_id).group_by(P.restart).order_by(func.min(P.time)))
+    out = []
+    for restart, n, g_lo, g_hi, t0, t1, s0, s1 in rows:
+        dt = (t1 - t0).total_seconds() if t0 is not None and t1 is not None else 0.0
+        out.append({"restart": restart, "lines": int(n), "min_gpus": g_lo, "max_gpus": g_hi,
+                    "first": iso(t0), "last": iso(t1),
+                    "throughput": finite((s1 - s0) / dt, 3) if dt > 0 else None})
+    return out
+
+
+def _sizes(events) -> list[dict]:
+    """The job's sizes over time, from its "new" and "size" events."""
+    out = []
+    for e in events:
+        if e.kind in ("new", "size") and e.new_gpus is not None:
+            out.append({"time": iso(e.time), "gpus": e.new_gpus, "nodes": e.new_nodes})
+    return out
+
+
+def curve_doc(curve: GoodputCurve | None, g_source: str) -> dict | None:
+    """The ``curve`` object of the job document."""
+    if curve is None:
+        return None
+    sp = curve.speedup
+    return {"gpus_per_node": curve.gpus_per_node, "gpus_per_node_source": g_source,
+            "goodput_1": finite(curve.goodput_1, 3),
+            "points": [{"gpus": int(k), "nodes": int(n), "goodput": finite(g, 3),
+                        "speedup": finite(x, 4), "batch_size": int(b)}
+                       for k, n, g, x, b in zip(curve.gpus, curve.nodes, curve.goodput, sp,
+                                                curve.batch, strict=True)]}
+
+
+def build_job(s: Session, slurm_job_id: str, now: datetime, *,
+              gpus_per_node: int | None = None) -> tuple[dict, GoodputCurve | None]:
+    """The ``malleable.job/1`` document (docs/cli-json.md) and the goodput curve.
+
+    Raises:
+        BadInput: the store does not know the job.
+    """
+    job = store.get_job(s, slurm_job_id)
+    if job is None:
+        raise BadInput(f"job {slurm_job_id!r}: not in the state store (never seen by the daemon, "
+                       f"or pruned after [retention] finished_job_days)")
+    events = store.job_events(s, job.id)
+    actions = list(s.scalars(select(Action).where(Action.job_id == job.id).order_by(Action.id)))
+    targets = s.execute(
+        select(Decision.id, Decision.time, Decision.policy, Decision.dry_run, Target.gpus,
+               Target.batch_size, Target.reason)
+        .join(Target, Target.decision_id == Decision.id).where(Target.job_id == job.id)
+        .order_by(Decision.id.desc()).limit(TARGETS_SHOWN)).all()
+    P = ProgressSample
+    first = s.execute(select(P).where(P.job_id == job.id).order_by(P.time, P.id).limit(1)
+                      ).scalars().first()
+    recent = store.latest_samples(s, [job.id], RECENT_SAMPLES)[job.id]
+    tp = recent_throughput(recent)
+    pf = store.get_progress_file(s, job.id)
+    est = store.latest_estimates(s, [job.id]).get(job.id)
+    g, g_source = resolve_gpus_per_node(s, gpus_per_node)
+    extra = [t.gpus for t in targets[:1]] + ([job.gpus] if job.gpus else [])
+    curve = goodput_curve(est.params if est else None, job.spec, g, extra=extra)
+    work = finite(est.remaining_work) if est else None
+    target_gpus = targets[0].gpus if targets else None
+    at = target_gpus if target_gpus is not None else (job.gpus if job.state == "RUNNING" else 0)
+    goodput = curve.at(at) if curve is not None and at else None
+    params = (est.params or {}) if est else {}
+    doc = {
+        "schema": SCHEMA,
+        "generated_at": iso(now),
+        "job": {
+            "job_id": job.slurm_job_id, "name": job.name, "user": job.user, "uid": job.uid,
+            "account": job.account, "partition": job.partition, "malleable": job.malleable,
+            "state": job.state, "reason": slurm_reason(job.reason), "held": job.held,
+            "gpus": job.gpus, "nodes": job.nodes, "gpus_per_node": job.gpus_per_node,
+            "arrival_time": iso(job.arrival_time), "submit_time": iso(job.submit_time),
+            "start_time": iso(job.start_time), "end_time": iso(job.end_time),
+            "restart_count": job.restart_count,
+            "attained_gpu_s": finite(job.attained_gpu_s, 1),
+            "first_seen": iso(job.first_seen), "last_seen": iso(job.last_seen)},
+        "spec": {"text": job.spec_text, "parsed": job.spec, "error": job.spec_error},
+        "sizes": _sizes(events),
+        "events": [{"time": iso(e.time), "kind": e.kind, "old_state": e.old_state,
+                    "new_state": e.new_state, "old_gpus": e.old_gpus, "new_gpus": e.new_gpus,
+                    "old_nodes": e.old_nodes, "new_nodes": e.new_nodes, "detail": e.detail}
+                   for e in events],
+        "actions": [action_doc(a, job.slurm_job_id) for a in actions],
+        "targets": [{"decision_id": t.id, "time": iso(t.time), "policy": t.policy,
+                     "dry_run": t.dry_run, "gpus": t.gpus, "batch_size": t.batch_size,
+                     "reason": t.reason} for t in targets],
+        "progress": {
+            "lines_stored": store.count_samples(s, job.id),
+            "lines_accepted": pf.lines_accepted if pf else 0,
+            "rejected": dict(pf.rejected or {}) if pf else {},
+            "file": pf.path if pf else None,
+            "first": _sample_doc(first),
+            "last": _sample_doc(recent[-1] if recent else None),
+            "throughput": None if tp is None else {
+                "samples_per_s": finite(tp.samples_per_s, 3), "window_s": finite(tp.window_s, 3),
+                "lines": tp.lines, "restart": tp.restart, "gpus": tp.gpus},
+            "runs": _runs(s, job.id)},
+        "estimate": None if est is None else {
+            "time": iso(est.time), "model": est.model,
+            "remaining_work": work, "remaining_work_sd": finite(est.remaining_work_sd),
+            "p": finite(params.get("p")), "phi": finite(params.get("phi")),
+            "m0": finite(params.get("m0")), "progress": finite(params.get("progress")),
+            "flags": flag_names((est.flags or {}).get("bits")),
+            "eta_s": finite(remaining_time(work, goodput), 1), "eta_gpus": at or None},
+        "curve": curve_doc(curve, g_source),
+        "plot": None,
+    }
+    return doc, curve
+
+
+def plot_curve(doc: dict, path: str) -> str:
+    """Draw the job's goodput curve (and linear scaling from its smallest count) as a PNG.
+
+    Returns:
+        The path written.
+
+    Raises:
+        BadInput: the job has no curve (no estimate yet) or the file cannot be written.
+    """
+    c = doc["curve"]
+    if c is None or not c["points"]:
+        raise BadInput(f"--plot {path}: job {doc['job']['job_id']} has no speedup curve yet "
+                       f"(no estimate: the daemon estimates a job once it is managed)")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = [p["gpus"] for p in c["points"]]
+    gp = [p["goodput"] or 0.0 for p in c["points"]]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    try:
+        ax.plot(ks, gp, "o-", label="fitted goodput")
+        if gp[0] > 0:
+            ax.plot(ks, [gp[0] * k / ks[0] for k in ks], ":", color="grey",
+                    label=f"linear from {ks[0]} GPU(s)")
+        j = doc["job"]
+        if j["state"] == "RUNNING" and j["gpus"] in ks:
+            ax.axvline(j["gpus"], color="tab:green", alpha=0.5, label=f"now: {j['gpus']} GPUs")
+        if doc["targets"] and doc["targets"][0]["gpus"] in ks:
+            t = doc["targets"][0]["gpus"]
+            ax.axvline(t, color="tab:red", ls="--", alpha=0.5, label=f"target: {t} GPUs")
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("goodput (samples at m0 per second)")
+        est = doc["estimate"] or {}
+        ax.set_title(f"job {j['job_id']} ({j['name']}): fitted speedup, estimate "
+                     f"{(est.get('time') or '').replace('T', ' ')}", fontsize=9)
+        ax.set_xticks(ks)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        try:
+            fig.savefig(path, format="png")
+        except OSError as exc:
+            raise BadInput(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return os.path.abspath(path)
+
+
+def render_job(doc: dict) -> str:
+    """The text view of a ``malleable.job/1`` document."""
+    j, sp, pr = doc["job"], doc["spec"], doc["progress"]
+    size = (f"{j['gpus']} GPUs ({j['nodes']} node(s) x {j['gpus_per_node']})"
+            if j["gpus"] else "no GPUs")
+    out = [f"job {j['job_id']} ({j['name']}, user {j['user']}, partition {j['partition']}): "
+           f"{j['state']}{' (held)' if j['held'] else ''}"
+           f"{', reason ' + j['reason'] if j['reason'] else ''}, {size}",
+           f"spec:      {sp['text'] or '-'}" + (f"  [INVALID: {sp['error']}]" if sp["error"]
+                                                 else ""),
+           f"times:     arrived {j['arrival_time'] or '-'}, started {j['start_time'] or '-'}, "
+           f"ended {j['end_time'] or '-'}; restarts {j['restart_count']}; attained "
+           f"{fmt_number((j['attained_gpu_s'] or 0) / 3600, 'GPU-h')}"]
+    tp = pr["throughput"]
+    last = pr["last"]
+    rej = ", ".join(f"{k} {v}" for k, v in sorted(pr["rejected"].items())) or "none"
+    out.append(f"progress:  {pr['lines_stored']} lines stored ({pr['lines_accepted']} accepted, "
+               f"rejected: {rej})")
+    if last is not None:
+        out.append(f"           last: step {last['step']}, {last['samples']:,} samples, "
+                   f"{last['gpus']} GPUs, batch {last['batch_size']} at "
+                   f"{last['time'].replace('T', ' ')}")
+    if tp is not None:
+        out.append(f"           throughput {fmt_number(tp['samples_per_s'], 'samples/s')} over "
+                   f"the last {tp['lines']} lines ({fmt_duration(tp['window_s'])}, run "
+                   f"{tp['restart']}, {tp['gpus']} GPUs)")
+    if pr["runs"]:
+        out += ["", "runs:", table(
+            ["RUN", "GPUS", "LINES", "FIRST", "LAST", "SAMPLES/S"],
+            [(r["restart"], r["min_gpus"] if r["min_gpus"] == r["max_gpus"]
+              else f"{r['min_gpus']}-{r['max_gpus']}", r["lines"], r["first"], r["last"],
+              fmt_number(r["throughput"])) for r in pr["runs"]], right=(0, 1, 2, 5))]
+    e = doc["estimate"]
+    out.append("")
+    if e is None:
+        out.append("estimate:  none yet")
+    else:
+        w = e["remaining_work"]
+        out.append(f"estimate:  {e['time'].replace('T', ' ')} ({e['model']}): remaining work "
+                   f"{fmt_number(w)} samples at m0"
+                   + (f" (sd {fmt_number(e['remaining_work_sd'])})"
+                      if e["remaining_work_sd"] else "")
+                   + f", ETA {fmt_duration(e['eta_s'])}"
+                   + (f" at {e['eta_gpus']} GPUs" if e["eta_gpus"] else ""))
+        out.append(f"           p = {fmt_number(e['p'])}, phi = {fmt_number(e['phi'])}, "
+                   f"m0 = {fmt_number(e['m0'])}; flags: {', '.join(e['flags']) or 'none'}")
+    c = doc["curve"]
+    if c is not None:
+        out += ["", f"speedup curve (fitted goodput; g = {c['gpus_per_node']} GPUs per node, from "
+                    f"{c['gpus_per_node_source']}; "
+                    f"speedup relative to 1 GPU):",
+                table(["GPUS", "NODES", "GOODPUT", "SPEEDUP", "BATCH"],
+                      [(p["gpus"], p["nodes"], fmt_number(p["goodput"]),
+                        "-" if p["speedup"] is None else f"{p['speedup']:.2f}", p["batch_size"])
+                       for p in c["points"]], right=(0, 1, 2, 3, 4))]
+    if doc["plot"]:
+        out.append(f"plot:      {doc['plot']}")
+    out += ["", "history:", table(["TIME", "EVENT"], [(ev["time"], _event(ev))
+                                                      for ev in doc["events"]])]
+    out += ["", "actions:" if doc["actions"] else "actions:  none"]
+    if doc["actions"]:
+        out.append(table(["ID", "CREATED", "KIND", "GPUS", "STATE", "TRIES", "NOTE"],
+                         [(a["id"], a["created_at"], a["kind"],
+                           f"{a['from_gpus']}->{a['to_gpus']}", a["state"], a["attempts"],
+                           a["last_error"] or a["note"] or "") for a in doc["actions"]],
+                         right=(0, 5)))
+    if doc["targets"]:
+        out += ["", f"targets (latest {len(doc['targets'])} decisions):",
+                table(["DECISION", "TIME", "POLICY", "GPUS", "BATCH", "REASON"],
+                      [(t["decision_id"], t["time"], t["policy"] + (" (dry run)" if t["dry_run"]
+                                                                    else ""),
+                        t["gpus"], t["batch_size"], t["reason"]) for t in doc["targets"]],
+                      right=(0, 3, 4))]
+    return "\n".join(out)
+
+
+def _event(e: dict) -> str:
+    if e["kind"] == "new":
+        return f"first seen: {e['new_state']}, {e['new_gpus']} GPUs"
+    if e["kind"] == "state":
+        return f"state {e['old_state']} -> {e['new_state']}" + (f" ({e['detail']})"
+                                                              if e["detail"] else "")
+    if e["kind"] == "size":
+        return (f"size {e['old_gpus']} -> {e['new_gpus']} GPUs "
+                f"({e['old_nodes']} -> {e['new_nodes']} nodes)")
+    return f"{e['kind']}" + (f": {e['detail']}" if e["detail"] else "")
+
+
+@click.group("job")
+def job() -> None:
+    """Inspect one job."""
+
+
+@job.command("show")
+@click.argument("job_id", metavar="ID")
+@store_options
+@json_option
+@click.option("--plot", "plot_path", metavar="PATH", default=None,
+              type=click.Path(dir_okay=False, writable=False),
+              help="Also draw the fitted speedup curve as a PNG file.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
+              help="GPUs per node for the curve's node counts (default: from slurm.conf, "
+                   "else inferred from the jobs).")
+@handle_errors
+def show(job_id: str, config_path: str | None, database_url: str | None, as_json: bool,
+         plot_path: str | None, gpus_per_node: int | None) -> None:
+    """Show job ID: spec, sizes, actions, progress and the fitted speedup curve (read-only)."""
+    config = effective_config(config_path, database_url)
+    with open_store(config) as st, st.sessions() as s:
+        doc, _ = build_job(s, job_id.strip(), datetime.now(UTC), gpus_per_node=gpus_per_node)
+    if plot_path:
+        doc["plot"] = plot_curve(doc, str(Path(plot_path)))
+    emit(doc, as_json, render_job)

@@ -1,0 +1,268 @@
+"""``malleable status``: one table of the malleable jobs, under a header on the daemon.
+
+The header: the active policy (and whether an operator set it), pause state,
+the latest decision, the latest poll, GPUs held and targeted, and the
+daemon's health from its lease: *healthy* (a holder whose heartbeat is within
+``[daemon] lease_timeout_s``), *stale* (a holder whose heartbeat is older: the
+daemon died or hangs) or *absent* (no holder: no daemon running). The table:
+per malleable job its state, GPUs now -> target (the latest decision's),
+throughput (samples/s over its latest progress lines), the estimated time to
+finish at the target (remaining work of its latest estimate over the fitted
+goodput at the target's GPU count, `malleable.ops.views`) and its latest
+action with the step it is at.
+
+Read-only; works for any user who can read the database. ``--check`` makes
+the exit code say whether the daemon is healthy (1 when stale or absent).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from malleable.config import Config
+from malleable.db import store
+from malleable.db.models import FINISHED_STATES, Action, Job, Lease
+from malleable.ops.access import effective_config, open_store
+from malleable.ops.output import (
+    Failed,
+    age_s,
+    emit,
+    finite,
+    fmt_duration,
+    fmt_number,
+    fmt_params,
+    fmt_when,
+    handle_errors,
+    iso,
+    json_option,
+    store_options,
+    table,
+)
+from malleable.ops.views import (
+    RECENT_SAMPLES,
+    goodput_curve,
+    recent_throughput,
+    remaining_time,
+    resolve_gpus_per_node,
+)
+from malleable.policies.registry import DEFAULT
+
+SCHEMA = "malleable.status/1"
+
+
+def policy_doc(s: Session, config: Config) -> dict:
+    """The active policy: name, params, what ``default`` resolves to, and who set it."""
+    name, params = store.active_policy(s, config.policy.name, config.policy.params)
+    by_operator = store.get_setting(s, store.POLICY_NAME_KEY, None) is not None
+    return {"name": name, "resolved": DEFAULT if name == "default" else name,
+            "params": params, "source": "operator" if by_operator else "config"}
+
+
+def slurm_reason(reason: str | None) -> str | None:
+    """Slurm's pending/hold reason, None for none ("None" is Slurm's word for none)."""
+    return None if not reason or reason == "None" else reason
+
+
+def daemon_health(s: Session, config: Config, now: datetime) -> dict:
+    """The daemon's health from the lease row (see the module docstring)."""
+    row = s.scalars(select(Lease).where(Lease.id == 1)).first()
+    holder = row.holder if row is not None else None
+    beat = row.heartbeat_at if row is not None else None
+    timeout = float(config.daemon.lease_timeout_s)
+    age = age_s(beat, now)
+    if holder is None:
+        health = "absent"
+    elif beat is None or age is None or age > timeout:
+        health = "stale"
+    else:
+        health = "healthy"
+    return {"health": health, "holder": holder, "acquired_at": iso(row.acquired_at if row else None),
+            "heartbeat_at": iso(beat), "heartbeat_age_s": age, "lease_timeout_s": timeout}
+
+
+def action_doc(a: Action, slurm_job_id: str | None = None) -> dict:
+    """One action as a JSON object (the ``action`` definition of docs/cli-json.md)."""
+    return {"id": a.id, "job_id": slurm_job_id, "decision_id": a.decision_id, "kind": a.kind,
+            "state": a.state, "finished": a.finished_at is not None,
+            "from_gpus": a.from_gpus, "to_gpus": a.to_gpus, "from_nodes": a.from_nodes,
+            "to_nodes": a.to_nodes, "attempts": a.attempts, "created_at": iso(a.created_at),
+            "updated_at": iso(a.updated_at), "finished_at": iso(a.finished_at),
+            "next_attempt_at": iso(a.next_attempt_at), "signalled_at": iso(a.signalled_at),
+            "last_error": a.last_error, "note": a.note}
+
+
+def last_actions(s: Session, job_ids: list[int]) -> dict[int, Action]:
+    """The newest action of each job that has one."""
+    if not job_ids:
+        return {}
+    newest = (select(func.max(Action.id)).where(Action.job_id.in_(job_ids))
+              .group_by(Action.job_id))
+    return {a.job_id: a for a in s.scalars(select(Action).where(Action.id.in_(newest)))}
+
+
+def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node: int) -> list:
+    """The ``jobs`` entries of the status document (see docs/cli-json.md)."""
+    ids = [j.id for j in jobs]
+    samples = store.latest_samples(s, ids, RECENT_SAMPLES) if ids else {}
+    estimates = store.latest_estimates(s, ids) if ids else {}
+    actions = last_actions(s, ids)
+    out = []
+    for j in jobs:
+        running = j.state == "RUNNING"
+        now_gpus = j.gpus if running else 0
+        t = targets.get(j.id)
+        target = t.gpus if t is not None else None
+        tp = recent_throughput(samples.get(j.id, [])) if running else None
+        est = estimates.get(j.id)
+        work = finite(est.remaining_work) if est is not None else None
+        at = target if target is not None else now_gpus
+        curve = goodput_curve(est.params if est else None, j.spec, gpus_per_node, extra=[at])
+        goodput = curve.at(at) if curve is not None and at > 0 else None
+        eta = remaining_time(work, goodput)
+        a = actions.get(j.id)
+        out.append({
+            "job_id": j.slurm_job_id, "name": j.name, "user": j.user, "state": j.state,
+            "reason": slurm_reason(j.reason), "held": j.held, "gpus": now_gpus,
+            "requested_gpus": j.gpus if j.state == "PENDING" else None,
+            "target_gpus": target, "target_reason": t.reason if t is not None else None,
+            "throughput": finite(tp.samples_per_s, 3) if tp else None,
+            "remaining_work": finite(work, 1),
+            "goodput_at_target": finite(goodput, 3),
+            "eta_s": finite(eta, 1),
+            "estimate_time": iso(est.time) if est else None,
+            "last_action": action_doc(a, j.slurm_job_id) if a is not None else None,
+        })
+    return out
+
+
+def build_status(s: Session, config: Config, now: datetime, *, where: str,
+                 include_finished: bool = False, gpus_per_node: int | None = None) -> dict:
+    """The ``malleable.status/1`` document (docs/cli-json.md).
+
+    Args:
+        s: a (read-only) session on the state store.
+        config: settings (default policy, lease timeout).
+        now: the time ages are measured to (aware UTC).
+        where: the database as named in messages.
+        include_finished: list finished malleable jobs too.
+        gpus_per_node: g for the goodput curve; None: from slurm.conf, else the store
+            (`malleable.ops.views.resolve_gpus_per_node`).
+    """
+    q = select(Job).where(Job.malleable.is_(True))
+    if not include_finished:
+        q = q.where(Job.state.not_in(sorted(FINISHED_STATES)))
+    jobs = list(s.scalars(q.order_by(Job.arrival_time, Job.id)))
+    decision = store.latest_decision(s)
+    targets = {t.job_id: t for t in decision.targets} if decision is not None else {}
+    g, g_source = resolve_gpus_per_node(s, gpus_per_node)
+    last_poll = s.scalar(select(func.max(Job.last_seen)))
+    held = s.scalar(select(func.coalesce(func.sum(Job.gpus), 0)).where(
+        Job.malleable.is_(True), Job.state == "RUNNING"))
+    rows = job_rows(s, jobs, targets, g)
+    return {
+        "schema": SCHEMA,
+        "generated_at": iso(now),
+        "database": where,
+        "daemon": daemon_health(s, config, now),
+        "policy": policy_doc(s, config),
+        "paused": store.is_paused(s),
+        "last_decision": None if decision is None else {
+            "id": decision.id, "time": iso(decision.time), "age_s": age_s(decision.time, now),
+            "policy": decision.policy, "params": decision.params,
+            "objective": finite(decision.objective), "duration_s": finite(decision.duration_s),
+            "dry_run": decision.dry_run},
+        "last_poll": iso(last_poll),
+        "last_poll_age_s": age_s(last_poll, now),
+        "gpus_per_node": g,
+        "gpus_per_node_source": g_source,
+        "gpus": {"held": int(held or 0),
+                 "target": sum(t.gpus for t in targets.values()) if targets else None},
+        "jobs": rows,
+    }
+
+
+def _gpus(row: dict) -> str:
+    if row["state"] not in ("RUNNING", "PENDING"):
+        return "-"
+    now = row["gpus"] if row["state"] == "RUNNING" else (row["requested_gpus"] or 0)
+    now_s = str(now) if row["state"] == "RUNNING" else f"({now})"
+    tgt = row["target_gpus"]
+    return f"{now_s} -> {tgt}" if tgt is not None else now_s
+
+
+def _action(a: dict | None) -> str:
+    if a is None:
+        return "-"
+    return f"{a['kind']} {a['from_gpus']}->{a['to_gpus']}: {a['state']}"
+
+
+def render_status(doc: dict) -> str:
+    """The text view of a ``malleable.status/1`` document."""
+    d = doc["daemon"]
+    if d["health"] == "absent":
+        health = "absent: no daemon holds the lease (none running?)"
+    else:
+        health = (f"{d['health']}: {d['holder']}, heartbeat "
+                  f"{fmt_duration(d['heartbeat_age_s'])} ago (lease timeout "
+                  f"{fmt_duration(d['lease_timeout_s'])})")
+    p = doc["policy"]
+    pol = p["name"] + (f" (= {p['resolved']})" if p["resolved"] != p["name"] else "")
+    pol += f" {fmt_params(p['params'])}".rstrip() + f", set by {p['source']}"
+    dec = doc["last_decision"]
+    mode = ("PAUSED: the daemon observes and plans but starts no action (malleable resume)"
+            if doc["paused"] else "acting")
+    if dec is not None and dec["dry_run"]:
+        mode += "; DRY RUN: the latest decision changed nothing in Slurm"
+    lines = [
+        f"daemon:        {health}",
+        f"policy:        {pol}",
+        f"mode:          {mode}",
+        "last decision: " + ("none" if dec is None else
+                             f"{fmt_when(dec['time'], dec['age_s'])}, {dec['policy']}, "
+                             f"{fmt_number(dec['duration_s'] * 1e3 if dec['duration_s'] is not None else None, 'ms')}"),
+        f"last poll:     {fmt_when(doc['last_poll'], doc['last_poll_age_s'])}",
+        f"GPUs:          {doc['gpus']['held']} held by malleable jobs"
+        + (f", {doc['gpus']['target']} targeted" if doc["gpus"]["target"] is not None else ""),
+        "",
+    ]
+    rows = [(j["job_id"], j["name"], j["user"], j["state"] + (" (held)" if j["held"] else ""),
+             _gpus(j), fmt_number(j["throughput"]), fmt_duration(j["eta_s"]),
+             _action(j["last_action"])) for j in doc["jobs"]]
+    if rows:
+        lines.append(table(["JOBID", "NAME", "USER", "STATE", "GPUS NOW -> TARGET",
+                            "SAMPLES/S", "ETA", "LAST ACTION"], rows, right=(5, 6)))
+    else:
+        lines.append("no malleable jobs")
+    return "\n".join(lines)
+
+
+@click.command("status")
+@store_options
+@json_option
+@click.option("--all", "include_finished", is_flag=True, help="List finished malleable jobs too.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
+              help="GPUs per node for the goodput curve (default: from slurm.conf, else "
+                   "inferred from the jobs).")
+@click.option("--check", is_flag=True,
+              help="Exit 1 unless the daemon is healthy (for monitoring).")
+@handle_errors
+def status(config_path: str | None, database_url: str | None, as_json: bool,
+           include_finished: bool, gpus_per_node: int | None, check: bool) -> None:
+    """Show the daemon's health, policy and the malleable jobs (read-only).
+
+    Per job: state, GPUs now -> target, throughput, estimated time to finish at
+    the target and the latest action. Exit 0; with --check, exit 1 unless the
+    daemon is healthy.
+    """
+    config = effective_config(config_path, database_url)
+    with open_store(config) as st, st.sessions() as s:
+        doc = build_status(s, config, datetime.now(UTC), where=st.where,
+                           include_finished=include_finished, gpus_per_node=gpus_per_node)
+    emit(doc, as_json, render_status)
+    if check and doc["daemon"]["health"] != "healthy":
+        raise Failed(f"daemon {doc['daemon']['health']}")

@@ -1,0 +1,448 @@
+"""The admin commands against a database alone (no daemon, no Slurm): plain and --json
+output, the JSON schemas, exit codes and messages.
+
+The store is filled with known contents by `tests.unit.ops_store`. Commands run in
+process through click's test runner on the real ``malleable`` group; the same
+commands run against a live daemon and the real Slurm harness in
+tests/integration/test_ops_daemon.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from jsonschema import Draft202012Validator
+
+from malleable.cli import main
+from malleable.db import schema, store
+from malleable.db.engine import make_engine, session_factory
+from malleable.db.lease import acquire_lease, release_lease
+from malleable.ops import docgen
+from malleable.ops.access import effective_config, open_store
+from malleable.ops.actions import build_actions
+from malleable.ops.policy import parse_assignments
+from malleable.ops.schemas import SCHEMAS
+from malleable.ops.status import build_status
+from malleable.ops.views import goodput_curve
+from tests.unit.ops_store import NOW, T0, build_store, write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def check_schema(doc: dict) -> dict:
+    """Validate a --json document against its documented schema; return it."""
+    schema_ = SCHEMAS[doc["schema"]]
+    Draft202012Validator.check_schema(schema_)
+    errors = sorted(Draft202012Validator(schema_).iter_errors(doc), key=lambda e: e.json_path)
+    assert not errors, [f"{e.json_path}: {e.message}" for e in errors[:5]]
+    return doc
+
+
+@pytest.fixture
+def built(tmp_path):
+    return build_store(tmp_path / "m.db")
+
+
+@pytest.fixture
+def cfg(tmp_path, built):
+    return write_config(tmp_path / "malleable.toml", built.url,
+                        daemon={"lease_timeout_s": 60.0}, operator={"group": "staff"})
+
+
+@pytest.fixture
+def run(cfg, monkeypatch):
+    """Run ``malleable ARGS --config CFG`` in process; returns click's Result."""
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")   # g comes from the store
+
+    def _run(*args: str, config: bool = True):
+        argv = [*args, "--config", str(cfg)] if config else list(args)
+        return CliRunner().invoke(main, argv, prog_name="malleable")
+    return _run
+
+
+def js(result) -> dict:
+    assert result.exit_code == 0, result.output
+    return check_schema(json.loads(result.stdout))
+
+
+def one_line_error(result, code: int, *needles: str) -> str:
+    assert result.exit_code == code, result.output
+    err = result.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in result.output, result.output
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+# ---------------------------------------------------------------- status
+
+
+def test_status_json_numbers(run, built):
+    doc = js(run("status", "--json"))
+    jobs = {j["job_id"]: j for j in doc["jobs"]}
+    assert list(jobs) == ["101", "102"]          # 103 finished, 104 rigid
+    j = jobs["101"]
+    assert (j["state"], j["gpus"], j["target_gpus"], j["target_reason"]) == \
+        ("RUNNING", 4, 8, "equal share 8")
+    assert j["throughput"] == pytest.approx(1800.0)   # run 1 only: 18,000 samples per 10 s
+    assert j["remaining_work"] == pytest.approx(built.remaining_101, abs=0.1)
+    g8 = goodput_curve(_params(built, "101"), _spec(built, "101"), 4).at(8)
+    assert j["goodput_at_target"] == pytest.approx(g8, rel=1e-6)
+    assert j["eta_s"] == pytest.approx(built.remaining_101 / g8, abs=0.1)
+    assert j["last_action"]["kind"] == "requeue" and j["last_action"]["state"] == "done"
+    assert j["last_action"]["finished"] and j["reason"] is None
+    p = jobs["102"]
+    assert (p["state"], p["gpus"], p["requested_gpus"], p["target_gpus"]) == \
+        ("PENDING", 0, 2, 0)
+    assert p["throughput"] is None and p["eta_s"] is None and p["held"]
+    assert p["last_action"]["kind"] == "hold" and not p["last_action"]["finished"]
+    assert doc["gpus"] == {"held": 4, "target": 8}
+    assert doc["policy"] == {"name": "default", "resolved": "pollux", "params": {},
+                             "source": "config"}
+    assert doc["last_decision"]["id"] == built.decision_id
+    assert doc["last_decision"]["policy"] == "equi" and doc["paused"] is False
+    assert (doc["gpus_per_node"], doc["gpus_per_node_source"]) == (4, "store")
+    assert doc["last_poll"] == "2026-03-01T12:02:05Z"
+
+
+def _params(built, sid):
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s:
+        j = store.get_job(s, sid)
+        out = store.latest_estimates(s, [j.id])[j.id].params
+    eng.dispose()
+    return out
+
+
+def _spec(built, sid):
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s:
+        out = store.get_job(s, sid).spec
+    eng.dispose()
+    return out
+
+
+def test_status_text_and_all(run):
+    r = run("status", "--gpus-per-node", "4")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "policy:        default (= pollux), set by config" in out
+    assert "GPUs:          4 held by malleable jobs, 8 targeted" in out
+    line = next(x for x in out.splitlines() if x.startswith("101 "))
+    assert "RUNNING" in line and "4 -> 8" in line and "1,800" in line
+    assert "requeue 2->4: done" in line
+    line = next(x for x in out.splitlines() if x.startswith("102 "))
+    assert "PENDING (held)" in line and "(2) -> 0" in line and "hold 2->0: hold" in line
+    assert "103" not in out
+    doc = js(run("status", "--all", "--json"))
+    assert [j["job_id"] for j in doc["jobs"]] == ["101", "102", "103"]
+    assert doc["jobs"][2]["state"] == "COMPLETED"
+
+
+def test_daemon_health_from_the_lease(built, cfg):
+    config = effective_config(str(cfg), None)     # lease_timeout_s = 60
+
+    def health(now):
+        with open_store(config) as st, st.sessions() as s:
+            return build_status(s, config, now, where=st.where)["daemon"]
+
+    d = health(NOW)
+    assert (d["health"], d["holder"], d["heartbeat_age_s"], d["lease_timeout_s"]) == \
+        ("healthy", "testhost:4242", 5.0, 60.0)
+    assert health(NOW + timedelta(seconds=56))["health"] == "stale"
+    eng = make_engine(built.url)
+    release_lease(eng, "testhost:4242")
+    eng.dispose()
+    d = health(NOW)
+    assert (d["health"], d["holder"], d["heartbeat_at"]) == ("absent", None, None)
+
+
+def test_status_check_exit_code_follows_health(run, built):
+    eng = make_engine(built.url)
+    acquire_lease(eng, "testhost:4242", timeout_s=300, now=datetime.now(UTC))
+    r = run("status", "--check", "--json")
+    assert js(r)["daemon"]["health"] == "healthy"
+    release_lease(eng, "testhost:4242")
+    eng.dispose()
+    r = run("status", "--check")
+    one_line_error(r, 1, "malleable status: error: daemon absent")
+    assert "daemon:        absent" in r.stdout     # the table is still printed
+    assert run("status").exit_code == 0            # without --check: 0
+
+
+# ---------------------------------------------------------------- job show
+
+
+def test_job_show_json(run, built, tmp_path):
+    png = tmp_path / "curve.png"
+    doc = js(run("job", "show", "101", "--json", "--gpus-per-node", "4", "--plot", str(png)))
+    assert doc["job"]["job_id"] == "101" and doc["job"]["restart_count"] == 1
+    assert doc["spec"]["parsed"]["min_gpus"] == 2 and doc["spec"]["error"] is None
+    assert [s["gpus"] for s in doc["sizes"]] == [2, 4]
+    kinds = [e["kind"] for e in doc["events"]]
+    assert {"new", "size", "restart", "checkpointed"} <= set(kinds)
+    assert [a["id"] for a in doc["actions"]] == [built.requeue_id]
+    assert doc["targets"][0] == {"decision_id": built.decision_id, "time": "2026-03-01T12:04:10Z",
+                                 "policy": "equi", "dry_run": False, "gpus": 8,
+                                 "batch_size": 512, "reason": "equal share 8"}
+    pr = doc["progress"]
+    assert (pr["lines_stored"], pr["lines_accepted"], pr["rejected"]) == (24, 24, {"not_json": 2})
+    assert [(r["restart"], r["lines"], r["min_gpus"]) for r in pr["runs"]] == [(0, 11, 2),
+                                                                                (1, 13, 4)]
+    assert [r["throughput"] for r in pr["runs"]] == pytest.approx([1000.0, 1800.0])
+    assert pr["throughput"]["samples_per_s"] == pytest.approx(1800.0)
+    assert pr["first"]["samples"] == 0 and pr["last"]["samples"] == 100_000 + 12 * 18_000
+    e = doc["estimate"]
+    assert "remaining_exact" in e["flags"] and e["m0"] == 512 and e["eta_gpus"] == 8
+    assert e["remaining_work"] == pytest.approx(2_000_000 - e["progress"], abs=1)
+    c = doc["curve"]
+    assert [p["gpus"] for p in c["points"]] == [2, 4, 8]
+    assert [p["nodes"] for p in c["points"]] == [1, 1, 2]
+    assert e["eta_s"] == pytest.approx(e["remaining_work"] / c["points"][2]["goodput"], rel=1e-3)
+    assert doc["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 5000
+
+
+def test_job_show_text_rigid_and_unknown(run, tmp_path):
+    r = run("job", "show", "101", "--gpus-per-node", "4")
+    assert r.exit_code == 0, r.output
+    for needle in ("job 101 (resnet, user alice, partition gpu): RUNNING", "runs:",
+                   "speedup curve (fitted goodput; g = 4 GPUs per node, from option",
+                   "checkpointed", "size 2 -> 4 GPUs", "requeue  2->4  done",
+                   "rejected: not_json 2", "1,800 samples/s"):
+        assert needle in r.stdout, needle
+    doc = js(run("job", "show", "104", "--json"))
+    assert doc["estimate"] is None and doc["curve"] is None and not doc["job"]["malleable"]
+    one_line_error(run("job", "show", "104", "--plot", str(tmp_path / "x.png")), 2,
+                   "has no speedup curve yet")
+    one_line_error(run("job", "show", "999"), 2, "job '999': not in the state store")
+
+
+# ---------------------------------------------------------------- actions
+
+
+def test_actions_filters(run, built):
+    doc = js(run("actions", "--json"))
+    assert [a["id"] for a in doc["actions"]] == [built.requeue_id, built.hold_id]
+    assert doc["actions"][0]["job_id"] == "101" and doc["actions"][1]["job_id"] == "102"
+    assert [a["kind"] for a in js(run("actions", "--job", "102", "--json"))["actions"]] == ["hold"]
+    assert [a["id"] for a in js(run("actions", "--limit", "1", "--json"))["actions"]] == \
+        [built.hold_id]
+    doc = js(run("actions", "--since", "2026-03-01T12:03:00Z", "--json"))
+    assert [a["id"] for a in doc["actions"]] == [built.hold_id]
+    assert doc["filters"] == {"job": None, "since": "2026-03-01T12:03:00Z", "limit": 50}
+    text = run("actions").stdout
+    assert "requeue" in text and "hold (in flight)" in text and "running on 4 GPUs" in text
+    one_line_error(run("actions", "--since", "soon"), 2, "--since 'soon'")
+    one_line_error(run("actions", "--job", "7"), 2, "--job 7: not in the state store")
+    assert run("actions", "--limit", "0").exit_code == 2
+
+
+def test_actions_since_a_duration(built):
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng, readonly=True)() as s:
+        now = T0 + timedelta(seconds=260)
+        from malleable.ops.output import parse_since
+        doc = build_actions(s, now, since=parse_since("100s", now))
+        assert [a["kind"] for a in doc["actions"]] == ["hold"]       # created at T0 + 200 s
+        assert len(build_actions(s, now, since=parse_since("1h", now))["actions"]) == 2
+    eng.dispose()
+
+
+# ---------------------------------------------------------------- pause, resume
+
+
+def test_pause_and_resume_as_root(run):
+    assert os.geteuid() == 0, "the test suite runs as root"
+    doc = js(run("pause", "--json"))
+    assert doc["paused"] and doc["changed"] and doc["uid"] == 0
+    assert not js(run("pause", "--json"))["changed"]
+    assert js(run("status", "--json"))["paused"] is True
+    assert "PAUSED" in run("status").stdout
+    r = run("resume")
+    assert r.exit_code == 0 and r.stdout.startswith("resumed:")
+    assert js(run("status", "--json"))["paused"] is False
+
+
+def test_pause_refused_for_a_non_operator(run, monkeypatch):
+    """The rule itself (the real non-root run is in the integration test, with setpriv)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    monkeypatch.setattr(os, "getegid", lambda: 4321)
+    monkeypatch.setattr(os, "getgroups", lambda: [4321])
+    for args in (("pause",), ("resume",), ("policy", "set", "equi")):
+        err = one_line_error(run(*args), 1, "permission denied: you are 4321",
+                             "only root or members of the operator group 'staff'")
+        assert "sudo" in err
+    monkeypatch.setattr(os, "getgroups", lambda: [4321, 50])      # staff
+    assert js(run("pause", "--json"))["paused"]
+
+
+def test_pause_refused_without_an_operator_group(tmp_path, built, monkeypatch):
+    cfg = write_config(tmp_path / "nogroup.toml", built.url)
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    r = CliRunner().invoke(main, ["pause", "--config", str(cfg)], prog_name="malleable")
+    one_line_error(r, 1, "only root may pause the daemon: no operator group is configured")
+
+
+# ---------------------------------------------------------------- policy
+
+
+def test_policy_show_set_and_validation(run):
+    doc = js(run("policy", "show", "--json"))
+    assert (doc["name"], doc["resolved"], doc["source"]) == ("default", "pollux", "config")
+    assert doc["effective_params"]["p"] == -1.0 and doc["changed"] is None
+    doc = js(run("policy", "set", "hesrpt", "p=0.7", "p_from=samples", "--json"))
+    assert (doc["name"], doc["params"], doc["source"], doc["changed"]) == \
+        ("hesrpt", {"p": 0.7, "p_from": "samples"}, "operator", True)
+    assert doc["effective_params"] == {"p": 0.7, "p_from": "samples", "risk": 0.0}
+    assert doc["set_at"] is not None
+    assert js(run("status", "--json"))["policy"]["name"] == "hesrpt"
+    assert "hesrpt p=0.7 p_from=\"samples\"" in run("policy", "show").stdout
+    one_line_error(run("policy", "set", "nope"), 2, "unknown policy 'nope'", "hesrpt")
+    one_line_error(run("policy", "set", "hesrpt", "p=2"), 2, "p must be in (0, 1), got 2")
+    one_line_error(run("policy", "set", "hesrpt", "q=1"), 2, "unknown parameter 'q'")
+    one_line_error(run("policy", "set", "las", "continuous=3"), 2, "continuous = 3: expected")
+    one_line_error(run("policy", "set", "hesrpt", "p"), 2, "'p': expected key=value")
+    # a refused set changed nothing
+    assert js(run("policy", "show", "--json"))["params"] == {"p": 0.7, "p_from": "samples"}
+
+
+def test_policy_list(run):
+    doc = js(run("policy", "list", "--json"))
+    names = [p["name"] for p in doc["policies"]]
+    assert {"default", "equi", "hesrpt", "pollux", "static"} <= set(names)
+    hes = next(p for p in doc["policies"] if p["name"] == "hesrpt")
+    p = next(x for x in hes["params"] if x["name"] == "p")
+    assert p["default"] is None and "speedup exponent" in p["doc"]
+    assert next(x for x in doc["policies"] if x["name"] == "default")["alias_of"] == "pollux"
+    text = run("policy", "list").stdout
+    assert "default (active): alias of pollux" in text and "thresholds" in text
+
+
+def test_parse_assignments():
+    assert parse_assignments(["p=0.7", "n=3", "b=true", "s=samples", "l=[1, 2]", "x=null",
+                              "q='quoted'"]) == \
+        {"p": 0.7, "n": 3, "b": True, "s": "samples", "l": [1, 2], "x": None, "q": "quoted"}
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_config_show_effective_and_defaults(run, cfg):
+    doc = js(run("config", "show", "--json"))
+    assert doc["sections"]["daemon"]["lease_timeout_s"] == 60.0
+    assert doc["sections"]["operator"]["group"] == "staff" and doc["source"] == str(cfg)
+    text = run("config", "show").stdout
+    assert tomllib.loads(text) == doc["sections"]     # the text view is the same TOML
+    assert "lease_timeout_s = 60.0  # default 300.0" in text
+    doc = js(run("config", "show", "--database-url", "postgresql+psycopg://u:secret@h/db",
+                 "--json"))
+    assert doc["sections"]["database"]["url"] == "postgresql+psycopg://u:***@h/db"
+    d = js(run("config", "show", "--defaults", "--json", config=False))
+    assert d["sections"]["metrics"]["keys"]["address"] == {
+        "type": "string", "default": "", "doc": "host:port to serve /metrics on; empty = off",
+        "choices": None}
+    assert d["sections"]["slurm"]["keys"]["backend"]["choices"] == ["auto", "cli", "pyslurm"]
+    # the commented defaults file, uncommented, is valid TOML holding every default
+    text = run("config", "show", "--defaults", config=False).stdout
+    body = "\n".join(x[1:] if re.match(r"^#\w+ = ", x) else x for x in text.splitlines())
+    parsed = tomllib.loads(body)
+    assert parsed == {n: {k: m["default"] for k, m in s["keys"].items()}
+                      for n, s in d["sections"].items()}
+    one_line_error(run("config", "show", "--markdown", config=False), 2, "--markdown")
+
+
+def test_generated_docs_are_current():
+    assert docgen.main(["--check"]) == 0, "run: python -m malleable.ops.docgen"
+    md = CliRunner().invoke(main, ["config", "show", "--defaults", "--markdown"]).stdout
+    assert md == (ROOT / "docs" / "configuration.md").read_text()
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_unusable_database_or_configuration_is_exit_2(tmp_path, run, built):
+    missing = write_config(tmp_path / "missing.toml", f"sqlite:///{tmp_path}/nope.db")
+    for args in (("status",), ("job", "show", "1"), ("actions",), ("policy", "show"),
+                 ("pause",)):
+        r = CliRunner().invoke(main, [*args, "--config", str(missing)], prog_name="malleable")
+        one_line_error(r, 2, "nope.db: no such database file")
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    r = run("status", "--database-url", f"sqlite:///{junk}")
+    one_line_error(r, 2, "not an SQLite database")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\npoll_interval_s = 'often'\n")
+    r = CliRunner().invoke(main, ["status", "--config", str(bad)], prog_name="malleable")
+    one_line_error(r, 2, "daemon.poll_interval_s = 'often': expected number")
+    eng = make_engine(built.url)
+    schema.downgrade(eng, schema.known_revisions()[0])
+    eng.dispose()
+    one_line_error(run("status"), 2, "is older than this malleable's", "malleable db upgrade")
+
+
+# ---------------------------------------------------------------- shell completion
+
+
+@pytest.mark.parametrize("words,cword,expect", [
+    ("malleable pol", 1, "plain,policy"),
+    ("malleable st", 1, "plain,status"),
+    ("malleable policy set hes", 3, "plain,hesrpt"),
+    ("malleable actions --li", 2, "plain,--limit"),
+])
+def test_shell_completion(words, cword, expect):
+    env = {"_MALLEABLE_COMPLETE": "bash_complete", "COMP_WORDS": words,
+           "COMP_CWORD": str(cword)}
+    r = CliRunner().invoke(main, [], env=env, prog_name="malleable")
+    assert expect in r.stdout.splitlines(), r.stdout
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+@pytest.mark.postgres
+def test_commands_on_postgresql(postgres_url, tmp_path, monkeypatch):
+    """The same store on a real PostgreSQL server, named with --database-url; and the
+    plan's scratch copy there is a transaction that is rolled back."""
+    from sqlalchemy import select
+
+    from malleable.db.models import Setting
+    from malleable.ops.plan import scratch_sessions
+
+    built = build_store(postgres_url)
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    cfg = write_config(tmp_path / "pg.toml", "sqlite:////nonexistent/unused.db")
+
+    def run(*args):
+        return CliRunner().invoke(main, [*args, "--config", str(cfg), "--database-url",
+                                         postgres_url], prog_name="malleable")
+
+    doc = js(run("status", "--json"))
+    assert [j["job_id"] for j in doc["jobs"]] == ["101", "102"]
+    assert doc["jobs"][0]["throughput"] == pytest.approx(1800.0)
+    assert doc["database"].startswith("postgresql+psycopg://")
+    assert doc["last_decision"]["id"] == built.decision_id
+    assert js(run("job", "show", "101", "--json"))["progress"]["lines_stored"] == 24
+    assert len(js(run("actions", "--json"))["actions"]) == 2
+    assert js(run("pause", "--json"))["paused"]
+    assert js(run("policy", "set", "las", "continuous=true", "--json"))["name"] == "las"
+    assert js(run("status", "--json"))["paused"] is True
+    config = effective_config(str(cfg), postgres_url)
+    with open_store(config) as st:
+        with scratch_sessions(st) as sessions:
+            with sessions() as s, s.begin():
+                store.set_paused(s, False)
+                store.set_setting(s, "scratch", 1)
+            with sessions() as s:
+                assert store.is_paused(s) is False
+        with st.sessions() as s:
+            assert store.is_paused(s) is True
+            assert s.scalar(select(Setting).where(Setting.key == "scratch")) is None
