@@ -47,7 +47,7 @@ from malleable.config import Config
 from malleable.daemon.actions import Step
 from malleable.daemon.actuator import Actuator, DriveReport
 from malleable.daemon.estimates import ESTIMATOR_MODEL, EstimatorBook, estimate_params
-from malleable.daemon.history import daemon_holds, requeue_backoff
+from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
 from malleable.daemon.inputs import PolicyInputs, build_inputs
 from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
@@ -307,7 +307,9 @@ class Daemon:
         name, params = store.active_policy(s, self.config.policy.name,
                                            self.config.policy.params)
         try:
-            return name, params, with_hysteresis(get_policy(name, **params), self.config.policy)
+            policy = get_policy(name, **params)
+            # Record the policy that decides ("pollux"), not its alias ("default").
+            return policy.name, params, with_hysteresis(policy, self.config.policy)
         except ValueError as exc:
             log.error("policy %s %s unusable (%s); using `static` (no reallocation)",
                       name, params, exc)
@@ -361,6 +363,7 @@ class Daemon:
             held = daemon_holds(s, ids)
             busy = {a.job_id for a in store.unfinished_actions(s)}
             backoff = requeue_backoff(s, ids, now, self.config.daemon.requeue_backoff_s)
+            runs = reporting_runs(s, ids)
             in_flight = sum(1 for a in store.unfinished_actions(s) if a.kind == "requeue")
         views, targets = [], []
         for i, j in enumerate(jobs):
@@ -372,7 +375,10 @@ class Daemon:
                 job_id=j.slurm_job_id, state=sj.state, shape=shape, held=sj.held,
                 held_by_daemon=j.id in held, shrink_inplace=bool(spec.get("shrink_inplace")),
                 busy=j.id in busy,
-                requeue_blocked=(j.id in backoff or not sj.requeueable or not sj.batch)))
+                # Not ready to checkpoint until it has logged progress in this run.
+                requeue_blocked=(j.id in backoff or not sj.requeueable or not sj.batch
+                                 or (sj.state == JobState.RUNNING
+                                     and runs.get(j.id, -1) < sj.restart_count))))
             targets.append(Target(j.slurm_job_id, int(alloc.gpus[i]), int(alloc.batch[i]),
                                   alloc.reason[i]))
         # Plan order is the JobSet's (FIFO by arrival): earlier jobs get freed GPUs first.

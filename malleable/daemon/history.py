@@ -1,6 +1,6 @@
 """What the daemon must remember about jobs, derived from its own records.
 
-Two facts cannot be observed in Slurm and are derived from the state store
+Three facts cannot be observed in Slurm and are derived from the state store
 instead of being kept as separate state:
 
 * which held jobs the daemon holds (its own HOLD, or a checkpoint-requeue to
@@ -8,7 +8,9 @@ instead of being kept as separate state:
 * which jobs are backed off from requeues: each time a job fails to
   checkpoint within its grace the daemon records a ``no_checkpoint`` job
   event; the n-th such failure blocks requeues for ``base * 2**(n-1)``
-  seconds after it (exponential back-off).
+  seconds after it (exponential back-off);
+* whether a running job is ready to checkpoint: it has logged progress in its
+  current run (`reporting_runs`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from malleable.daemon.actions import Step
 from malleable.daemon.reconcile import ActionKind
-from malleable.db.models import Action, JobEvent
+from malleable.db.models import Action, JobEvent, ProgressSample
 
 
 def daemon_holds(s: Session, job_ids: Iterable[int]) -> set[int]:
@@ -72,3 +74,20 @@ def requeue_backoff(s: Session, job_ids: Iterable[int], now: datetime, base_s: f
         if until > now:
             out[job_id] = until
     return out
+
+
+def reporting_runs(s: Session, job_ids: Iterable[int]) -> dict[int, int]:
+    """The latest run (Slurm restart count) in which each job has logged progress.
+
+    A job that has not logged progress in its current run is not ready to
+    checkpoint: it may not even have installed its signal handler yet, so the
+    daemon does not ask it to (``requeue_blocked``). Jobs that never logged
+    progress are absent.
+    """
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    rows = s.execute(select(ProgressSample.job_id, func.max(ProgressSample.restart))
+                     .where(ProgressSample.job_id.in_(ids))
+                     .group_by(ProgressSample.job_id))
+    return {j: int(r if r is not None else 0) for j, r in rows}
