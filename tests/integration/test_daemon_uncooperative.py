@@ -1,7 +1,7 @@
 """Issue 8: an uncooperative job is never killed by the daemon, and it is backed off.
 
 The job (tests/integration/daemon_jobs/stubborn.sbatch) declares a malleable spec
-with a 2 s grace but ignores the checkpoint signal: it logs that it got it and
+with a 2 s grace and logs progress, but ignores the checkpoint signal: it logs that it got it and
 keeps running, never writing ``checkpointed``. `equi` wants it on 4 GPUs, so the
 daemon tries a checkpoint-requeue: it signals the job, waits out the grace,
 abandons the action (the job keeps running, untouched) and records a
@@ -35,9 +35,11 @@ BACKOFF_S = 3.0
 
 def test_a_job_that_ignores_the_signal_keeps_running_and_is_backed_off(slurm, tmp_path):
     marks = tmp_path / "stubborn.log"
+    (tmp_path / "spool").mkdir(exist_ok=True)
     u = sbatch(slurm, tmp_path, JOBS / "stubborn.sbatch", nodes=1, gpus_per_node=2,
                comment="malleable:gpus=2-4,step=2,grace=2,batch=512,restart_cost=0",
-               env=(("STUBBORN_LOG", str(marks)),), name="stubborn")
+               env=(("STUBBORN_LOG", str(marks)), ("MALLEABLE_SPOOL", str(tmp_path / "spool"))),
+               name="stubborn")
     start = wait_running(slurm, [u])[u]
     config = write_config(tmp_path, poll=1, decide=2, backoff=BACKOFF_S)
     daemon = DaemonProcess(config, tmp_path / "daemon.log", environ_for(slurm))
