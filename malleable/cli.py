@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "daemon": "malleable.daemon.cli:daemon",
     "db": "malleable.db.cli:db",
     "report": "malleable.progress.cli:report",
+    "simulate": "malleable.sim.cli:simulate",
     "submit": "malleable.submit:submit",
 }
 
