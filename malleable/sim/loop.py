@@ -35,6 +35,11 @@ the same decisions with and without it):
 * a scheduled ``ingest`` when no progress line was written since the last
   ingestion (every cycle ingests; the simulator sees every line its jobs
   write): it would find no new bytes in any file and write nothing;
+* a scheduled ``ingest`` at the instant of a ``decide_cycle``: the decide
+  cycle ingests the same lines at the same virtual time right after its poll
+  (only the interleaving of row ids between the poll's job events and the
+  ingested events differs, and nothing reads events or samples in id order
+  across kinds or jobs);
 * a scheduled ``poll_cycle`` at the instant of a ``decide_cycle``, when no
   action is in flight and the daemon is not paused: the decide cycle polls,
   ingests and drives again at the same virtual time with the same Slurm state,
@@ -306,7 +311,7 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
             written[1] = written[0]
 
         def ingest() -> None:
-            if options.skip_idle and written[1] == written[0]:
+            if options.skip_idle and (written[1] == written[0] or clock.due_now("decide")):
                 stats.skipped_ingests += 1
                 return
             stats.ingests += 1
