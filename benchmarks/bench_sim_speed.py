@@ -62,7 +62,15 @@ def one(name: str, jobs, policy: str, *, nodes: int = 16, gpn: int = 4,
     opts = SimOptions(nodes=nodes, gpus_per_node=gpn, restart_cost_s=30.0,
                       setup=setup_for(policy), max_time_s=max_time_s)
     t0 = time.perf_counter()
-    r = run_simulation(jobs, config, opts)
+    count = [0]
+
+    def progress(now: float, ended: int, total: int) -> None:
+        count[0] += 1
+        if count[0] % 2000 == 0:
+            print(f"    ... {now / 3600:.0f} h simulated, {ended}/{total} jobs ended, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+    r = run_simulation(jobs, config, opts, progress=progress)
     wall = time.perf_counter() - t0
     c = r.cycles
     minutes = max(r.sim_s / 60.0, 1.0)

@@ -281,7 +281,8 @@ def _drain(queue, progress) -> None:
 
 
 def collect(out_dir: str | Path) -> list[dict]:
-    """Every run under ``out_dir`` (its summary.json and the JCTs of jobs.csv)."""
+    """Every run under ``out_dir``: its summary.json, the JCTs of its jobs.csv and the
+    wall time of its timing.json (None if absent)."""
     import csv
 
     runs = []
@@ -292,7 +293,10 @@ def collect(out_dir: str | Path) -> list[dict]:
         if jobs_csv.exists():
             with jobs_csv.open(newline="", encoding="utf-8") as fh:
                 jcts = [float(r["jct_s"]) for r in csv.DictReader(fh) if r["jct_s"]]
-        runs.append({"summary": summary, "jcts": jcts})
+        timing = path.parent / "timing.json"
+        wall = json.loads(timing.read_text(encoding="utf-8")).get("wall_s") \
+            if timing.exists() else None
+        runs.append({"summary": summary, "jcts": jcts, "wall_s": wall})
     return runs
 
 
