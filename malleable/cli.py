@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "replay": "malleable.replay:replay_command",
     "report": "malleable.progress.cli:report",
     "resume": "malleable.ops.control:resume",
+    "simulate": "malleable.sim.cli:simulate",
     "status": "malleable.ops.status:status",
     "submit": "malleable.submit:submit",
 }

@@ -205,9 +205,10 @@ class Daemon:
     def _mark_vanished(s, seen: set[str], now: datetime) -> None:
         """Jobs the store has as active that Slurm no longer reports: finished
         (purged after MinJobAge before a poll saw their end)."""
-        active = s.scalars(select(Job).where(Job.state.in_(("PENDING", "RUNNING", "SUSPENDED",
-                                                             "COMPLETING", "CONFIGURING"))))
-        for job in active:
+        active = s.execute(select(Job.id, Job.slurm_job_id).where(
+            Job.state.in_(("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"))))
+        gone = [jid for jid, sid in active if sid not in seen]
+        for job in (s.scalars(select(Job).where(Job.id.in_(gone))) if gone else ()):
             if job.slurm_job_id not in seen:
                 store.add_job_event(s, job.id, now, "state",
                                     f"{job.state} -> COMPLETED (no longer reported by Slurm)")
@@ -361,10 +362,11 @@ class Daemon:
         with self.sessions() as s:
             ids = [j.id for j in jobs]
             held = daemon_holds(s, ids)
-            busy = {a.job_id for a in store.unfinished_actions(s)}
+            unfinished = store.unfinished_actions(s)
+            busy = {a.job_id for a in unfinished}
             backoff = requeue_backoff(s, ids, now, self.config.daemon.requeue_backoff_s)
             runs = reporting_runs(s, ids)
-            in_flight = sum(1 for a in store.unfinished_actions(s) if a.kind == "requeue")
+            in_flight = sum(1 for a in unfinished if a.kind == "requeue")
         views, targets = [], []
         for i, j in enumerate(jobs):
             sj = self.observed[j.slurm_job_id]

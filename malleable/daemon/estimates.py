@@ -133,7 +133,6 @@ class EstimatorBook:
         self.watermark = 0                       # largest progress_samples.id folded in
         self.first_batch: dict[int, float] = {}
         self.finished = FinishedKnowledge()
-        self._loaded_finished = False
 
     # ------------------------------------------------------------------ rows
 
@@ -195,19 +194,22 @@ class EstimatorBook:
     # ------------------------------------------------------------------ finished jobs
 
     def _learn_finished(self, s: Session) -> None:
-        """Fold in the last estimate of every finished malleable job not yet seen."""
-        last = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
-                .join(Job, Job.id == Estimate.job_id)
-                .where(Job.malleable.is_(True), Job.state == "COMPLETED",
-                       Estimate.model == ESTIMATOR_MODEL)
-                .group_by(Estimate.job_id).subquery())
-        q = (select(Job, Estimate.params).join(last, last.c.job_id == Job.id)
-             .join(Estimate, Estimate.id == last.c.id))
-        if self._loaded_finished and self.finished.seen:
-            q = q.where(Job.id.not_in(sorted(self.finished.seen)))
-        for job, params in s.execute(q):
-            self.finished.add(job.id, group_key(job), params or {})
-        self._loaded_finished = True
+        """Fold in the last estimate of every finished malleable job not yet seen.
+
+        Only the estimates of jobs not seen yet are read (by job id, in chunks), so
+        the cost does not grow with the estimates of jobs learned long ago.
+        """
+        done = s.scalars(select(Job.id).where(Job.malleable.is_(True),
+                                              Job.state == "COMPLETED"))
+        todo = sorted(set(done) - self.finished.seen)
+        for chunk in _chunks(todo, 500):
+            last = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
+                    .where(Estimate.job_id.in_(chunk), Estimate.model == ESTIMATOR_MODEL)
+                    .group_by(Estimate.job_id).subquery())
+            q = (select(Job, Estimate.params).join(last, last.c.job_id == Job.id)
+                 .join(Estimate, Estimate.id == last.c.id).order_by(Job.id))
+            for job, params in s.execute(q):
+                self.finished.add(job.id, group_key(job), params or {})
 
     # ------------------------------------------------------------------ one cycle
 

@@ -57,6 +57,7 @@ WAL_SIZE_LIMIT_BYTES = 64 << 20
 # An SQLite I/O error on a file system with less free space than this is reported as "disk full".
 _FULL_BELOW_BYTES = 1 << 20
 _READONLY_OPTION = "malleable_readonly"
+_QUERY_ONLY_KEY = "malleable_query_only"  # conn.info: the PRAGMA query_only value set last
 
 # sqlite3 messages (lower case) -> the cause we report; anything else keeps SQLite's words.
 _SQLITE_CAUSES = {
@@ -196,12 +197,13 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        if conn.get_execution_options().get(_READONLY_OPTION):
-            conn.exec_driver_sql("PRAGMA query_only = ON")
-            conn.exec_driver_sql("BEGIN")
-        else:
-            conn.exec_driver_sql("PRAGMA query_only = OFF")
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        readonly = bool(conn.get_execution_options().get(_READONLY_OPTION))
+        # query_only is a property of the SQLite connection: set it only when it changes
+        # (conn.info lives as long as the DBAPI connection; a new connection starts unset).
+        if conn.info.get(_QUERY_ONLY_KEY) is not readonly:
+            conn.exec_driver_sql(f"PRAGMA query_only = {'ON' if readonly else 'OFF'}")
+            conn.info[_QUERY_ONLY_KEY] = readonly
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
 def _install_error_hook(engine: Engine, where: str, path: Path | None) -> None:

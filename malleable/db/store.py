@@ -148,13 +148,16 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         if parse_spec is not None and (job.id is None or comment != job.spec_text):
             spec, error = _parse(sj.comment, parse_spec) if comment else (None, None)
             job.spec, job.spec_error, job.malleable = spec, error, spec is not None
-        job.spec_text = comment
-        job.name, job.user, job.uid = sj.name, sj.user, sj.uid
-        job.account, job.partition = sj.account, sj.partition
-        job.state, job.reason, job.held = state, sj.reason, sj.held
-        job.gpus, job.nodes, job.gpus_per_node = sj.gpus, sj.node_count, sj.gpus_per_node
-        job.submit_time, job.start_time, job.end_time = sj.submit_time, sj.start_time, sj.end_time
-        job.restart_count = sj.restart_count
+        # Only what changed is set: an ORM attribute write costs more than a read.
+        for attr, value in (("spec_text", comment), ("name", sj.name), ("user", sj.user),
+                            ("uid", sj.uid), ("account", sj.account),
+                            ("partition", sj.partition), ("state", state),
+                            ("reason", sj.reason), ("held", sj.held), ("gpus", sj.gpus),
+                            ("nodes", sj.node_count), ("gpus_per_node", sj.gpus_per_node),
+                            ("submit_time", sj.submit_time), ("start_time", sj.start_time),
+                            ("end_time", sj.end_time), ("restart_count", sj.restart_count)):
+            if getattr(job, attr) != value:
+                setattr(job, attr, value)
         job.last_seen = now
     session.flush()
     session.add_all(events)
@@ -303,7 +306,8 @@ def get_progress_file(session: Session, job_id: int) -> ProgressFile | None:
 
 def save_progress_file(session: Session, *, job_id: int, path: str, device: int | None,
                        inode: int | None, offset: int, size: int, now: datetime,
-                       accepted: int = 0, rejected: Mapping[str, int] | None = None
+                       accepted: int = 0, rejected: Mapping[str, int] | None = None,
+                       row: ProgressFile | None = UNSET, flush: bool = True,
                        ) -> ProgressFile:
     """Record a read of a job's progress file: where the next read starts and what was rejected.
 
@@ -312,6 +316,9 @@ def save_progress_file(session: Session, *, job_id: int, path: str, device: int 
         device, inode: ``os.stat`` of the file read (a different pair means a new file).
         accepted: lines stored by this read (added to ``lines_accepted``).
         rejected: rejected lines of this read by reason (added to ``rejected``).
+        row: the job's `ProgressFile` row if the caller already loaded it in this
+            session (None: it has none yet); left UNSET, it is looked up.
+        flush: flush now; a caller saving many files flushes once at the end.
 
     Raises:
         ValueError: a negative offset or size.
@@ -319,7 +326,7 @@ def save_progress_file(session: Session, *, job_id: int, path: str, device: int 
     if offset < 0 or size < 0:
         raise ValueError(f"progress file {path}: offset = {offset}, size = {size}: "
                          "expected values >= 0")
-    pf = get_progress_file(session, job_id)
+    pf = get_progress_file(session, job_id) if row is UNSET else row
     if pf is None:
         pf = ProgressFile(job_id=job_id, path=path, rejected={}, lines_accepted=0)
         session.add(pf)
@@ -331,7 +338,8 @@ def save_progress_file(session: Session, *, job_id: int, path: str, device: int 
         for reason, count in rejected.items():
             merged[reason] = int(merged.get(reason, 0)) + int(count)
         pf.rejected = merged
-    session.flush()
+    if flush:
+        session.flush()
     return pf
 
 
@@ -404,15 +412,19 @@ def record_decision(session: Session, *, time: datetime, policy: str,
     """
     if duration_s < 0:
         raise ValueError(f"duration_s = {duration_s}: expected a value >= 0")
-    d = Decision(time=time, policy=policy, params=dict(params), inputs_digest=inputs_digest,
-                 objective=objective, duration_s=duration_s, dry_run=dry_run)
+    rows = []
     for t in targets:
         if t.gpus < 0:
             raise ValueError(f"target for job {t.job_id}: gpus = {t.gpus}: expected >= 0")
-        d.targets.append(Target(job_id=t.job_id, gpus=t.gpus, batch_size=t.batch_size,
-                                reason=t.reason))
+        rows.append({"job_id": t.job_id, "gpus": t.gpus, "batch_size": t.batch_size,
+                     "reason": t.reason})
+    d = Decision(time=time, policy=policy, params=dict(params), inputs_digest=inputs_digest,
+                 objective=objective, duration_s=duration_s, dry_run=dry_run)
     session.add(d)
     session.flush()
+    if rows:
+        # Core executemany: one statement for all targets (``d.targets`` loads on access).
+        session.execute(insert(Target.__table__), [{"decision_id": d.id, **r} for r in rows])
     return d
 
 

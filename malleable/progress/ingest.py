@@ -230,9 +230,10 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             if counts:
                 report.rejected.update(counts)
                 report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(counts)
-            store.save_progress_file(session, job_id=job.db_id, path=spool.file_path_safe(
-                job.slurm_job_id), device=read.device, inode=read.inode, offset=0,
-                size=read.size, now=now, rejected=counts)
+            files[job.db_id] = store.save_progress_file(
+                session, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
+                device=read.device, inode=read.inode, offset=0, size=read.size, now=now,
+                rejected=counts, row=pf, flush=False)
             continue
         if not read.data and pf is not None and not read.reset:
             continue
@@ -249,11 +250,11 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             if r.event in EVENT_KINDS:
                 store.add_job_event(session, job.db_id, _utc(r.t), r.event, _event_detail(r))
                 report.events += 1
-        store.save_progress_file(session, job_id=job.db_id,
-                                 path=spool.file_path_safe(job.slurm_job_id),
-                                 device=read.device, inode=read.inode, offset=result.offset,
-                                 size=read.size, now=now, accepted=len(result.records),
-                                 rejected=dict(result.rejected))
+        files[job.db_id] = store.save_progress_file(
+            session, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
+            device=read.device, inode=read.inode, offset=result.offset, size=read.size,
+            now=now, accepted=len(result.records), rejected=dict(result.rejected), row=pf,
+            flush=False)
         report.jobs_read += 1
         report.bytes_read += result.bytes_read
         if result.rejected:
@@ -261,4 +262,5 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(
                 result.rejected)
     report.samples = store.add_progress_samples(session, samples)
+    session.flush()
     return report

@@ -360,7 +360,9 @@ class ProfileJob:
         if run is None or self.spool_dir is None:
             return
         prof = self.profile
-        batch = self._eff_batch
+        # Before its first training step (signalled while resuming) a job reports the
+        # batch it is about to train at: a progress line's batch is at least 1.
+        batch = self._eff_batch or self._choose_batch(run.placement)
         sqr, var = prof.grad_stats(self.progress, batch)
         rec = progress_record(t=run.engine.time(), job=run.job_id, event=event,
                               step=int(self.iterations), samples=int(self.samples),

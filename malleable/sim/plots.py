@@ -76,9 +76,12 @@ def _per_job_series(log: Sequence[tuple[float, str, int]], grid: np.ndarray
 
 def plot_gpus_per_job(log: Sequence[tuple[float, str, int]], path: str | Path, *,
                       total_gpus: int | None = None, points: int = 600,
-                      title: str = "GPUs per job") -> Path:
+                      max_series: int = 200, title: str = "GPUs per job") -> Path:
     """Stacked GPUs held by each job over time (hours) from an allocation log
     (`SimSlurm.allocation_log`: (virtual s, job id, GPUs held from then on)).
+
+    With more than ``max_series`` jobs, the jobs beyond the ``max_series - 1``
+    largest (by GPU time on the plot's grid) are drawn as one grey band.
 
     Raises:
         ValueError: an empty log.
@@ -89,10 +92,16 @@ def plot_gpus_per_job(log: Sequence[tuple[float, str, int]], path: str | Path, *
     t_end = max(t for t, _, _ in log)
     grid = np.linspace(0.0, max(t_end, 1.0), points)
     jobs, series = _per_job_series(log, grid)
-    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
     cmap = plt.get_cmap("tab20")
-    ax.stackplot(grid / 3600.0, series, colors=[cmap(i % 20) for i in range(len(jobs))],
-                 step="post", linewidth=0)
+    colors = [cmap(i % 20) for i in range(len(jobs))]
+    if len(jobs) > max_series:
+        top = np.sort(np.argsort(-series.sum(axis=1), kind="stable")[:max_series - 1])
+        rest = np.ones(len(jobs), dtype=bool)
+        rest[top] = False
+        series = np.vstack((series[top], series[rest].sum(axis=0)))
+        colors = [colors[i] for i in top] + [(0.6, 0.6, 0.6, 1.0)]
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    ax.stackplot(grid / 3600.0, series, colors=colors, step="post", linewidth=0)
     if total_gpus:
         ax.axhline(total_gpus, color="black", linewidth=0.8, linestyle="--")
     ax.set_xlabel("time (hours)")

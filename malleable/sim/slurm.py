@@ -61,6 +61,7 @@ from __future__ import annotations
 import collections
 import heapq
 import os
+import pwd
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,16 @@ MSG_NODE_CONFIG = "Requested node configuration is not available"
 MSG_SECOND_SHRINK = "Job update not available right now, the DB index is being set, try again in a bit"
 
 REASON_REQUEUE_HELD = "job_requeued_in_held_state"
+
+
+def _user_name(uid: int) -> str:
+    """The login name of ``uid`` (its number as text if it has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 REASON_HELD = "JobHeldAdmin"
 
 
@@ -278,6 +289,9 @@ class SimSlurm:
         partition: the partition's name.
         first_job_id: the first id handed out.
         job_factory: builds the program for a plain `submit` (default: `IdleProgram`).
+        uid, user: the owner every job reports (default: this process's user, so
+            that the daemon's spool reader, which accepts only files owned by
+            the job's user, reads the progress files the simulated jobs write).
 
     Attributes:
         rpc_count: protocol calls so far (each is one RPC, as for a real backend).
@@ -299,7 +313,8 @@ class SimSlurm:
                  backfill: bool = True, placement: str = "first_fit",
                  second_shrink_fails: bool = True, sched_delay_s: float = 0.0,
                  version: str = "22.05.8", partition: str = "gpu", first_job_id: int = 1,
-                 job_factory: Callable[[SubmitRequest], SimProgram] | None = None):
+                 job_factory: Callable[[SubmitRequest], SimProgram] | None = None,
+                 uid: int | None = None, user: str | None = None):
         for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node),
                         ("first_job_id", first_job_id)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -325,6 +340,8 @@ class SimSlurm:
         self.version = version
         self.partition = partition
         self.job_factory = job_factory
+        self.uid = os.getuid() if uid is None else int(uid)
+        self.user = user if user is not None else _user_name(self.uid)
         self.rpc_count = 0
         self.node_names = tuple(f"node{i + 1}" for i in range(nodes))
         self._free = [gpus_per_node] * nodes
@@ -651,7 +668,7 @@ class SimSlurm:
             gpus = j.req_nodes * j.req_gpn
             gpn = j.req_gpn
         return SlurmJob(
-            job_id=str(j.id), job_id_num=j.id, name=j.name, user="root", uid=0,
+            job_id=str(j.id), job_id_num=j.id, name=j.name, user=self.user, uid=self.uid,
             partition=j.partition, state=j.state, reason=reason, held=j.held,
             nodes=compress_hostlist(names), node_count=node_count, gpus=gpus, gpus_per_node=gpn,
             submit_time=at(j.submit_time),

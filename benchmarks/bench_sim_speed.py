@@ -1,0 +1,138 @@
+"""Speed of the simulator running the daemon's full decision loop.
+
+Two measurements, each one run in this process (no parallel runs, so the
+figures are per run):
+
+1. One Pollux workload of 160 jobs (default workload-1) on 16 nodes x 4 GPUs,
+   with the production cycle (poll, ingest, estimators, policy, reconciler,
+   actuator) every 60 simulated seconds, for each policy. Targets: under 20 s
+   of wall time for every policy but ``pollux``, under 2 minutes for ``pollux``.
+2. The Philly list's busiest 2-week window on 64 GPUs (target: under 10
+   minutes). Definition (`malleable.sim.workloads.busiest_fitting_window`):
+   the whole list after Pollux's filters asks for about 7 times what 64 GPUs
+   can serve in its busiest two weeks, so a run of it measures an ever-growing
+   queue, not a cluster. Instead: among the 2-week windows of arrivals of each
+   Philly virtual cluster (a tenant's own stream of jobs), the one whose
+   demand is the largest that 64 GPUs can serve on average (demand: each job's
+   GPUs times its isolated training time at its request, as simulated). Jobs
+   are the loader's (`malleable.sim.traces.load_philly`: Pollux's filters, a
+   model by GPU-time class, seed 0).
+
+Printed per run: jobs, simulated hours, wall seconds, decide cycles, wall
+milliseconds per simulated minute and per decide cycle, and the wall time of
+the poll, ingest and decide cycles. The machine is shared with other
+engineers' test runs (its load average is printed with the results).
+
+Usage:
+  python benchmarks/bench_sim_speed.py [--policies static,las,...] [--workload PATH]
+      [--philly PATH] [--philly-policy NAME] [--skip-philly] [--skip-workload]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from malleable.config import parse_config  # noqa: E402
+from malleable.policies.registry import POLICIES  # noqa: E402
+from malleable.sim.jobsetup import setup_for  # noqa: E402
+from malleable.sim.loop import SimOptions, run_simulation  # noqa: E402
+from malleable.sim.traces import load_philly, load_pollux_workload  # noqa: E402
+from malleable.sim.workloads import (  # noqa: E402
+    PHILLY_MAX_GPU_TIME_S,
+    PHILLY_MIN_DURATION_S,
+    busiest_fitting_window,
+    isolated_demand,
+)
+
+TARGET_S = {"pollux": 120.0}
+DEFAULT_TARGET_S = 20.0
+
+
+def one(name: str, jobs, policy: str, *, nodes: int = 16, gpn: int = 4,
+        max_time_s: float = 120 * 86400.0) -> dict:
+    config = parse_config({"policy": {"name": policy}}, source="bench")
+    opts = SimOptions(nodes=nodes, gpus_per_node=gpn, restart_cost_s=30.0,
+                      setup=setup_for(policy), max_time_s=max_time_s)
+    t0 = time.perf_counter()
+    count = [0]
+
+    def progress(now: float, ended: int, total: int) -> None:
+        count[0] += 1
+        if count[0] % 2000 == 0:
+            print(f"    ... {now / 3600:.0f} h simulated, {ended}/{total} jobs ended, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+    r = run_simulation(jobs, config, opts, progress=progress)
+    wall = time.perf_counter() - t0
+    c = r.cycles
+    minutes = max(r.sim_s / 60.0, 1.0)
+    row = {"name": name, "policy": policy, "jobs": len(jobs), "finished": r.summary["jobs_finished"],
+           "sim_h": r.sim_s / 3600.0, "wall_s": wall, "decides": c.decides,
+           "ms_per_sim_min": wall / minutes * 1e3, "ms_per_decide": c.wall_s["decide"] / max(
+               c.decides, 1) * 1e3, "poll_s": c.wall_s["poll"], "ingest_s": c.wall_s["ingest"],
+           "decide_s": c.wall_s["decide"], "polls": c.polls, "ingests": c.ingests,
+           "avg_jct_s": r.summary["avg_jct_s"]}
+    print(f"{name:22s} {policy:8s} jobs={row['jobs']:5d} finished={row['finished']:5d} "
+          f"sim={row['sim_h']:7.1f}h wall={wall:8.1f}s decides={c.decides:6d} "
+          f"polls={c.polls:6d} ingests={c.ingests:6d} "
+          f"ms/sim-min={row['ms_per_sim_min']:6.1f} ms/decide={row['ms_per_decide']:6.1f} "
+          f"[poll {row['poll_s']:.1f}s ingest {row['ingest_s']:.1f}s "
+          f"decide {row['decide_s']:.1f}s] avg_jct={row['avg_jct_s']:.0f}s", flush=True)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--workload",
+                    default=str(ROOT / "malleable/sim/data/pollux/workloads/workload-1.csv"))
+    ap.add_argument("--philly", default="/work/shared/data/philly_pollux/philly.csv")
+    ap.add_argument("--philly-policy", default="pollux")
+    ap.add_argument("--skip-philly", action="store_true")
+    ap.add_argument("--skip-workload", action="store_true")
+    args = ap.parse_args()
+    logging.getLogger("malleable").setLevel(logging.ERROR)
+    print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, {os.cpu_count()}-core machine "
+          f"shared with other engineers' test runs; load average at start "
+          f"{os.getloadavg()[0]:.2f}")
+    verdicts = []
+    if not args.skip_workload:
+        jobs = load_pollux_workload(args.workload)
+        print(f"workload {Path(args.workload).name}: {len(jobs)} jobs, 16 nodes x 4 GPUs, "
+              f"decide every 60 s, poll and ingest every 30 s (daemon defaults)")
+        for pol in [p for p in args.policies.split(",") if p]:
+            row = one(Path(args.workload).stem, jobs, pol)
+            target = TARGET_S.get(pol, DEFAULT_TARGET_S)
+            verdicts.append(f"{Path(args.workload).stem} {pol}: {row['wall_s']:.1f} s "
+                            f"(target < {target:.0f} s: "
+                            f"{'met' if row['wall_s'] < target else 'MISSED'})")
+    if not args.skip_philly:
+        t0 = time.perf_counter()
+        jobs = load_philly(args.philly, seed=0, min_duration_s=PHILLY_MIN_DURATION_S,
+                           max_gpu_time_s=PHILLY_MAX_GPU_TIME_S)
+        vc, start, window = busiest_fitting_window(
+            jobs, 14 * 86400.0, 64.0, demand=lambda j: isolated_demand(j, 4, 64))
+        demand = sum(isolated_demand(j, 4, 64) for j in window) / (14 * 86400.0)
+        print(f"philly: {len(jobs)} jobs after Pollux's filters; busiest 2-week window that "
+              f"fits 64 GPUs: virtual cluster {vc}, from day {start / 86400:.1f}, "
+              f"{len(window)} jobs, demand {demand:.1f} GPUs on average "
+              f"(selected in {time.perf_counter() - t0:.1f} s)")
+        row = one(f"philly-{vc}-14d", window, args.philly_policy)
+        verdicts.append(f"philly 2-week window {args.philly_policy}: {row['wall_s']:.0f} s "
+                        f"(target < 600 s: {'met' if row['wall_s'] < 600 else 'MISSED'})")
+    print(f"# load average at end {os.getloadavg()[0]:.2f}")
+    for v in verdicts:
+        print(v)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""``malleable simulate``: replay traces through the decision loop, several runs in parallel.
+
+Exit codes: 0 every run finished writing its outputs; 1 a run failed; 2 bad
+input (a missing or malformed trace, an unknown policy, a bad option or
+configuration), with one line on stderr naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tomllib
+from pathlib import Path
+
+import click
+
+TRACE_SUFFIXES = (".csv", ".csv.gz", ".swf", ".swf.gz", ".json", ".txt", ".log")
+
+
+def _fail(message: str) -> click.exceptions.Exit:
+    click.echo(f"malleable simulate: error: {message}", err=True)
+    return click.exceptions.Exit(2)
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _expand(paths: list[str]) -> list[str]:
+    """Trace paths; a directory stands for its trace files (sorted)."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(str(f) for f in path.iterdir() if f.is_file()
+                           and not f.name.startswith(".")
+                           and any(f.name.endswith(s) for s in TRACE_SUFFIXES))
+            if not found:
+                raise _fail(f"--workload {p}: directory holds no trace file")
+            out.extend(found)
+        elif not path.is_file():
+            raise _fail(f"--workload {p}: no such file")
+        else:
+            out.append(str(path))
+    return out
+
+
+def _seeds(values: tuple[str, ...]) -> list[int]:
+    out = []
+    for v in _split(values):
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise _fail(f"--seed {v!r}: not an integer") from None
+    return out or [0]
+
+
+@click.command("simulate")
+@click.option("--workload", "workloads", multiple=True, metavar="PATH[,PATH...]",
+              help="Trace file(s), comma-separated or repeated; a directory means its files.")
+@click.option("--policy", "policies", multiple=True, metavar="NAME[,NAME...]",
+              help="Policy name(s) (see docs/policies.md).")
+@click.option("--policy-params", "policy_params", multiple=True, metavar="NAME=JSON",
+              help='Parameters of one policy, e.g. las=\'{"starve_s": 1e12}\' (repeatable).')
+@click.option("--nodes", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Decide interval, simulated seconds.")
+@click.option("--seed", "seeds", multiple=True, metavar="N[,N...]", default=("0",),
+              show_default=True, help="Seed(s): request rounding, model choice, the policy's.")
+@click.option("--out", "out_dir", metavar="DIR", required=True,
+              help="Output directory (DIR/<workload>/<policy>/seed<N>/...).")
+@click.option("--restart-cost", type=click.FloatRange(min=0), default=None, metavar="S",
+              help="Restart cost of every job, seconds [default: per model].")
+@click.option("--format", "fmt", type=click.Choice(["auto", "pollux", "philly", "gavel", "swf",
+                                                    "sacct"]),
+              default="auto", show_default=True, help="Trace format.")
+@click.option("--load-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, metavar="X", help="Arrival times divided by X.")
+@click.option("--window", "window_days", type=click.FloatRange(min=0, min_open=True),
+              default=None, metavar="DAYS",
+              help="Replay only the busiest window of DAYS whose demand fits the cluster.")
+@click.option("--map-models", is_flag=True,
+              help="SWF/sacct: give GPU jobs a model by GPU-time class (else rigid).")
+@click.option("--job-setup", type=click.Choice(["auto", "requested", "elastic", "adaptive"]),
+              default="auto", show_default=True,
+              help="How trace jobs become malleable jobs (auto: as Pollux's simulator did "
+                   "for the scheduler each policy stands for).")
+@click.option("--oracle-work/--no-oracle-work", default=None,
+              help="Jobs declare their true total work [default: optimus only].")
+@click.option("--config", "config_path", metavar="PATH", default=None,
+              help="TOML with daemon settings ([daemon], [policy], ...) for every run.")
+@click.option("--max-time", "max_time_h", type=click.FloatRange(min=0, min_open=True),
+              default=2880.0, show_default=True, metavar="HOURS",
+              help="Stop a run at this simulated time.")
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs in parallel (worker processes).")
+@click.option("--slurm-array", is_flag=True,
+              help="Write an sbatch job-array script for the sweep instead of running it.")
+@click.option("--compare-only", is_flag=True,
+              help="Only (re)build DIR's comparison from the runs already there.")
+@click.option("--no-comparison", is_flag=True, help="Do not write the comparison.")
+@click.option("--no-plots", is_flag=True, help="Do not write per-run plots.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval, seeds, out_dir, restart_cost,
+             fmt, load_scale, window_days, map_models, job_setup, oracle_work, config_path,
+             max_time_h, n_jobs, slurm_array, compare_only, no_comparison, no_plots,
+             no_progress) -> None:
+    """Replay traces through the daemon's decision loop against a simulated Slurm.
+
+    Each (workload, policy, seed) is one run of the production cycle (poll,
+    ingest, estimators, policy, reconciler, actuator) on virtual time, with jobs
+    driven by measured throughput profiles. Results: per run summary.json,
+    jobs.csv and plots; over all runs comparison.json and a JCT CDF plot.
+    """
+    from malleable.sim import sweep
+
+    logging.getLogger("malleable").setLevel(logging.ERROR)
+    out = Path(out_dir)
+    if compare_only:
+        runs = sweep.collect(out)
+        if not runs:
+            raise _fail(f"--out {out_dir}: no run (*/*/seed*/summary.json) to compare")
+        path = sweep.write_comparison(runs, out)
+        click.echo(f"{len(runs)} run(s) compared: {path}")
+        return
+    paths = _expand(_split(workloads))
+    if not paths:
+        raise _fail("--workload: give at least one trace file")
+    pols = _split(policies)
+    if not pols:
+        raise _fail("--policy: give at least one policy")
+    from malleable.policies.registry import available
+
+    known = available()
+    for p in pols:
+        if p not in known:
+            raise _fail(f"--policy {p!r}: unknown policy (known: {', '.join(known)})")
+    seed_list = _seeds(seeds)
+    params = _params(policy_params, pols)
+    config: dict = {}
+    if config_path is not None:
+        config = _read_config(config_path)
+    from malleable.sim.workloads import unique_names
+
+    try:
+        names = unique_names(paths)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    specs = [sweep.RunSpec(workload=str(Path(w).resolve()), name=n, policy=p, seed=s,
+                           params=params.get(p),
+                           out_dir=str(out), fmt=fmt, nodes=nodes, gpus_per_node=gpus_per_node,
+                           interval_s=interval, restart_cost_s=restart_cost,
+                           load_scale=load_scale, job_setup=job_setup, oracle_work=oracle_work,
+                           window_days=window_days, gpu_time_classes=map_models, config=config,
+                           max_time_s=max_time_h * 3600.0, plots=not no_plots)
+             for w, n in zip(paths, names, strict=True) for p in pols for s in seed_list]
+    sizes = _validate(specs)
+    if slurm_array:
+        common = _common_args(policy_params, nodes, gpus_per_node, interval, restart_cost, fmt, load_scale,
+                              window_days, map_models, job_setup, oracle_work, config_path,
+                              max_time_h, no_plots)
+        array, compare = sweep.write_slurm_array([s.workload for s in specs[::len(pols) *
+                                                                          len(seed_list)]],
+                                                 pols, seed_list, common, out)
+        click.echo(f"wrote {array} ({len(specs)} array tasks) and {compare}")
+        click.echo("submit with:")
+        click.echo(f"  {sweep.submit_hint(array, compare)}")
+        return
+    bar = None
+    ended = [0] * len(specs)
+    if not no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(sizes), unit="job", desc=f"{len(specs)} run(s)", file=sys.stderr,
+                   dynamic_ncols=True)
+
+    def progress(i: int, done: int, total: int, now: float) -> None:
+        if bar is not None:
+            ended[i] = done
+            bar.n = sum(ended)
+            bar.set_postfix_str(f"run {i + 1}: {now / 3600:.1f} h simulated", refresh=False)
+            bar.refresh()
+
+    try:
+        results = sweep.run_sweep(specs, jobs=n_jobs, progress=progress)
+    except (ValueError, OSError) as exc:
+        if bar is not None:
+            bar.close()
+        click.echo(f"malleable simulate: error: a run failed: {exc}", err=True)
+        raise click.exceptions.Exit(1) from None
+    if bar is not None:
+        bar.close()
+    for r in results:
+        s = r["summary"]
+        click.echo(f"{s['workload']:>20s} {s['policy']:>8s} seed {s['seed']}: "
+                   f"{s['jobs_finished']}/{s['jobs']} jobs, avg JCT {s['avg_jct_s']:.0f} s, "
+                   f"p99 {s['p99_jct_s']:.0f} s, makespan {s['makespan_s'] / 3600:.1f} h "
+                   f"({r['wall_s']:.1f} s wall)")
+    if not no_comparison:
+        path = sweep.write_comparison(sweep.collect(out), out)
+        click.echo(f"comparison: {path}")
+
+
+def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
+    """``NAME=JSON`` options as {policy: params}; each checked by building the policy."""
+    import json
+
+    from malleable.policies.registry import get_policy
+
+    out: dict[str, dict] = {}
+    for v in values:
+        name, sep, text = v.partition("=")
+        name = name.strip()
+        if not sep or name not in policies:
+            raise _fail(f"--policy-params {v!r}: expected NAME=JSON for a policy of --policy")
+        try:
+            params = json.loads(text)
+        except ValueError as exc:
+            raise _fail(f"--policy-params {v!r}: not JSON ({exc})") from None
+        if not isinstance(params, dict):
+            raise _fail(f"--policy-params {v!r}: expected a JSON object")
+        try:
+            get_policy(name, **params)
+        except (TypeError, ValueError) as exc:
+            raise _fail(f"--policy-params {name}: {exc}") from None
+        out[name] = params
+    return out
+
+
+def _read_config(path: str) -> dict:
+    from malleable.config import ConfigError, parse_config
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        parse_config(data, source=path)
+    except FileNotFoundError:
+        raise _fail(f"--config {path}: no such file") from None
+    except OSError as exc:
+        raise _fail(f"--config {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise _fail(f"--config {path}: not valid TOML: {exc}") from None
+    except ConfigError as exc:
+        raise _fail(f"--config {exc}") from None
+    return data
+
+
+def _validate(specs) -> list[int]:
+    """Load every distinct (workload, seed) once and check the daemon's settings; returns
+    each run's job count. Bad input raises the one-line exit 2."""
+    from malleable.config import ConfigError
+    from malleable.sim.traces import TraceError
+
+    sizes: dict[tuple, int] = {}
+    out = []
+    for s in specs:
+        key = (s.workload, s.seed if s.fmt in ("philly", "gavel", "auto") else 0)
+        if key not in sizes:
+            try:
+                sizes[key] = len(s.load())
+            except TraceError as exc:
+                raise _fail(f"--workload {exc}") from None
+            except ValueError as exc:
+                raise _fail(f"--workload {s.workload}: {exc}") from None
+        try:
+            s.daemon_config()
+            s.options()
+        except (ConfigError, ValueError) as exc:
+            raise _fail(str(exc)) from None
+        out.append(sizes[key])
+    return out
+
+
+def _common_args(policy_params, nodes, gpn, interval, restart_cost, fmt, load_scale, window_days, map_models,
+                 job_setup, oracle_work, config_path, max_time_h, no_plots) -> list[str]:
+    args = [a for pp in policy_params for a in ("--policy-params", pp)]
+    args += ["--nodes", str(nodes), "--gpus-per-node", str(gpn), "--interval", repr(interval),
+            "--format", fmt, "--load-scale", repr(load_scale), "--job-setup", job_setup,
+            "--max-time", repr(max_time_h)]
+    if restart_cost is not None:
+        args += ["--restart-cost", repr(restart_cost)]
+    if window_days is not None:
+        args += ["--window", repr(window_days)]
+    if map_models:
+        args.append("--map-models")
+    if oracle_work is not None:
+        args.append("--oracle-work" if oracle_work else "--no-oracle-work")
+    if config_path is not None:
+        args += ["--config", str(Path(config_path).resolve())]
+    if no_plots:
+        args.append("--no-plots")
+    return args

@@ -1,0 +1,397 @@
+"""The production decision loop in simulation: the daemon's `Daemon` on the engine's clock.
+
+One run replays a trace into `SimSlurm` (`malleable.sim.workload.Replay`) and
+drives the daemon's own `malleable.daemon.cycle.Daemon` against it:
+
+* its clock is the engine's virtual time (an aware UTC datetime);
+* its Slurm is the simulated controller (a `SlurmClient`);
+* its spool is a per-run directory that the simulated jobs append progress
+  lines to (`malleable.sim.jobs`) and that the daemon reads with the same
+  ingestion code it uses on a cluster;
+* its state store is a private in-memory SQLite database, opened with the
+  store's own engine setup (`malleable.db.engine.make_engine`) and schema
+  (Alembic head), one per run.
+
+The cycles are scheduled as the service schedules them
+(`malleable.daemon.service.Service`): at start one ``poll_cycle`` and a
+forced node refresh, then ``decide_cycle`` at once and every
+``decide_interval_s``, ``poll_cycle`` every ``poll_interval_s``, ``ingest``
+every ``ingest_interval_s`` and retention every ``housekeeping_interval_s``
+(all from the configuration). When several fall on the same instant they run
+in the order the service adds its jobs (poll, ingest, decide, housekeeping),
+which is the order in which APScheduler's intervals, started microseconds
+apart, come due. Nothing of the cycle is replaced; the simulator only
+chooses when to call it. The lease, its heartbeat and the systemd watchdog
+are process management around the loop and are not simulated.
+
+Event order at one instant: trace submissions, then the jobs' own events,
+then Slurm's scheduler pass, then the daemon (`PRIORITY_DAEMON`), then the
+scheduler pass its calls triggered. A cycle takes no virtual time.
+
+Work skipped because it cannot change anything (``skip_idle``, on by
+default; `tests/sim/test_loop.py` checks that a run gives the same summary and
+the same decisions with and without it):
+
+* a scheduled ``ingest`` when no progress line was written since the last
+  ingestion (every cycle ingests; the simulator sees every line its jobs
+  write): it would find no new bytes in any file and write nothing;
+* a scheduled ``ingest`` at the instant of a ``decide_cycle``: the decide
+  cycle ingests the same lines at the same virtual time right after its poll
+  (only the interleaving of row ids between the poll's job events and the
+  ingested events differs, and nothing reads events or samples in id order
+  across kinds or jobs);
+* a scheduled ``poll_cycle`` at the instant of a ``decide_cycle``, when no
+  action is in flight and the daemon is not paused: the decide cycle polls,
+  ingests and drives again at the same virtual time with the same Slurm state,
+  so the poll cycle's rows, events and samples would be written by it, with
+  the same times and values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from malleable.config import Config
+from malleable.daemon.cycle import Daemon
+from malleable.db import schema, store
+from malleable.db.engine import make_engine, session_factory
+from malleable.db.models import Action, Decision, Job, Target
+from malleable.db.retention import apply_retention
+from malleable.sim.engine import PRIORITY_LATE, Engine
+from malleable.sim.jobs import write_progress_line
+from malleable.sim.jobsetup import DEFAULT_SETUP, JobSetup, PreparedJob, prepare_jobs, program_for
+from malleable.sim.metrics import JobOutcome, summarize
+from malleable.sim.slurm import SimSlurm
+from malleable.sim.traces import TraceJob
+from malleable.sim.workload import Replay
+
+log = logging.getLogger(__name__)
+
+#: Engine priority of the daemon's cycles: after Slurm's scheduler pass of the same instant.
+PRIORITY_DAEMON = PRIORITY_LATE + 5
+
+#: Default bound on simulated time (s): a run that has not finished by then stops.
+DEFAULT_MAX_TIME_S = 120 * 86400.0
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How one simulated run is set up (the daemon's own settings are in its `Config`).
+
+    Attributes:
+        nodes, gpus_per_node: the cluster (N nodes of g GPUs).
+        seed: the run's seed (request rounding, the policy's seed).
+        restart_cost_s: every malleable job's restart cost (None: per model,
+            `malleable.sim.profiles.RESTART_COST_S`).
+        setup: how trace jobs become malleable jobs (`malleable.sim.jobsetup`).
+        report_interval_s: seconds between a training job's progress lines.
+        max_time_s: stop at this virtual time even if jobs are left.
+        requeue_delay_s: Slurm's begin-time delay after a requeue.
+        skip_idle: skip scheduled cycles that cannot change anything (module docstring).
+    """
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    seed: int = 0
+    restart_cost_s: float | None = None
+    setup: JobSetup = DEFAULT_SETUP
+    report_interval_s: float = 30.0
+    max_time_s: float = DEFAULT_MAX_TIME_S
+    requeue_delay_s: float = 121.0
+    skip_idle: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.restart_cost_s is not None and not (
+                math.isfinite(self.restart_cost_s) and self.restart_cost_s >= 0):
+            raise ValueError(f"restart_cost_s must be a number >= 0, got {self.restart_cost_s!r}")
+        if not (self.report_interval_s > 0):
+            raise ValueError(f"report_interval_s must be > 0, got {self.report_interval_s!r}")
+        if not (self.max_time_s > 0):
+            raise ValueError(f"max_time_s must be > 0, got {self.max_time_s!r}")
+
+
+@dataclass
+class CycleStats:
+    """Counts and wall time of the daemon's cycles in one run (wall times vary run to run)."""
+
+    polls: int = 0
+    ingests: int = 0
+    decides: int = 0
+    housekeeping: int = 0
+    skipped_polls: int = 0
+    skipped_ingests: int = 0
+    wall_s: Counter = field(default_factory=Counter)
+
+    def timed(self, kind: str, fn: Callable[[], object]) -> object:
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.wall_s[kind] += time.perf_counter() - t0
+
+
+@dataclass
+class SimResult:
+    """What one run produced.
+
+    Attributes:
+        outcomes: one `JobOutcome` per trace job, in trace order.
+        summary: `malleable.sim.metrics.summarize` plus the run's counters
+            (deterministic: the same inputs and seed give the same dict).
+        allocation_log: ``(virtual s, job id, GPUs)`` at every allocation change.
+        timeline: ``(times, used GPUs)`` arrays.
+        cycles: the daemon's cycle counts and wall times.
+        wall_s: wall time of the whole run (s).
+        sim_s: virtual time at the end (s).
+        finished: every job ended before ``max_time_s``.
+    """
+
+    outcomes: list[JobOutcome]
+    summary: dict
+    allocation_log: list[tuple[float, str, int]]
+    timeline: tuple
+    cycles: CycleStats
+    wall_s: float
+    sim_s: float
+    finished: bool
+
+
+class _ServiceClock:
+    """Calls the daemon's cycles at the service's intervals on the engine (see module doc)."""
+
+    ORDER = ("poll", "ingest", "decide", "housekeeping")
+
+    def __init__(self, engine: Engine, periods: dict[str, float],
+                 actions: dict[str, Callable[[], object]], done: Callable[[], bool],
+                 until: float) -> None:
+        for name, p in periods.items():
+            if not (p > 0 and math.isfinite(p)):
+                raise ValueError(f"daemon.{name}_interval_s must be > 0, got {p!r}")
+        self.engine = engine
+        self.periods = periods
+        self.actions = actions
+        self.done = done
+        self.until = until
+        # Next tick of each series, as an integer multiple of its period (no drift).
+        self.k = {name: 1 for name in periods}
+        self.k["decide"] = 0
+        self.stopped_at: float | None = None
+
+    def _due(self, name: str) -> float:
+        return self.k[name] * self.periods[name]
+
+    def start(self) -> None:
+        self.engine.schedule(0.0, self._tick, priority=PRIORITY_DAEMON)
+
+    def due_now(self, name: str) -> bool:
+        """Whether series ``name`` comes due at the current instant."""
+        return self._due(name) <= self.engine.now + 1e-9
+
+    def _tick(self) -> None:
+        now = self.engine.now
+        for name in self.ORDER:
+            if self.due_now(name):
+                self.actions[name]()
+                while self._due(name) <= now + 1e-9:
+                    self.k[name] += 1
+        if self.done():
+            self.stopped_at = now
+            return
+        nxt = min(self._due(n) for n in self.ORDER)
+        if nxt <= self.until:
+            self.engine.schedule(nxt, self._tick, priority=PRIORITY_DAEMON)
+
+
+def open_state_store(url: str = "sqlite://"):
+    """A fresh state store at the current schema: ``(engine, sessionmaker)``.
+
+    The default is a private in-memory SQLite database (one connection, used by
+    one thread), opened by the store's `make_engine` and created by its Alembic
+    migrations, as the service creates an empty database.
+
+    Raises:
+        malleable.db.errors.StoreError: the database cannot be opened or created.
+    """
+    engine = make_engine(url)
+    schema.prepare_schema(engine)
+    return engine, session_factory(engine)
+
+
+def run_simulation(jobs: Sequence[TraceJob], config: Config, options: SimOptions | None = None,
+                   *, workdir: str | os.PathLike | None = None,
+                   progress: Callable[[float, int, int], None] | None = None,
+                   db_url: str = "sqlite://") -> SimResult:
+    """Replay ``jobs`` through the daemon's decision loop (see the module docstring).
+
+    Args:
+        jobs: the trace (arrivals in seconds from 0).
+        config: the daemon's settings (policy, intervals, limits); its database
+            and spool settings are ignored (each run has its own).
+        options: the simulation's settings (cluster, seed, job setup, ...).
+        workdir: where the run's spool directory goes (default: a temporary
+            directory, removed at the end).
+        progress: called after every decide cycle with (virtual s, jobs ended,
+            jobs in the trace).
+        db_url: the state store (default in memory; a file URL keeps it).
+
+    Returns:
+        `SimResult`.
+
+    Raises:
+        ValueError: bad options or a job the simulator cannot run.
+        malleable.db.errors.StoreError: the state store cannot be opened.
+    """
+    options = options or SimOptions()
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="malleable-sim-") as tmp:
+            return _run(jobs, config, options, Path(tmp), progress, db_url)
+    return _run(jobs, config, options, Path(workdir), progress, db_url)
+
+
+def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir: Path,
+         progress: Callable[[float, int, int], None] | None, db_url: str) -> SimResult:
+    t_start = time.perf_counter()
+    spool = workdir / "spool"
+    spool.mkdir(parents=True, exist_ok=True)
+    engine = Engine()
+    slurm = SimSlurm(engine, options.nodes, options.gpus_per_node,
+                     requeue_delay_s=options.requeue_delay_s)
+    total = slurm.total_gpus
+    prepared = prepare_jobs(list(jobs), options.setup, gpus_per_node=options.gpus_per_node,
+                            total_gpus=total, seed=options.seed,
+                            restart_cost_s=options.restart_cost_s)
+    by_name = {p.trace.name: p for p in prepared}
+
+    written = [0, 0]   # progress records written so far; that many when last ingested
+
+    def sink(path: Path, record: dict) -> None:
+        write_progress_line(path, record)
+        written[0] += 1
+
+    def build(t: TraceJob):
+        p = by_name[t.name]
+        if p.profile is None:
+            return replay._default_program(t)
+        return program_for(p, spool_dir=spool, report_interval_s=options.report_interval_s,
+                           sink=sink)
+
+    replay = Replay(engine, slurm, [p.trace for p in prepared], spool_dir=spool,
+                    program_for=build, comment_for=lambda t: by_name[t.name].comment,
+                    restart_cost_s=options.restart_cost_s)
+    replay.start()
+
+    db_engine, sessions = open_state_store(db_url)
+    try:
+        daemon = Daemon(slurm=slurm, sessions=sessions, clock=engine.datetime_at,
+                        spool_dir=str(spool), config=config, seed=options.seed)
+        stats = CycleStats()
+        n_jobs = len(prepared)
+
+        def poll() -> None:
+            if options.skip_idle and clock.due_now("decide") and _idle(sessions):
+                stats.skipped_polls += 1
+                return
+            stats.polls += 1
+            stats.timed("poll", daemon.poll_cycle)
+            written[1] = written[0]
+
+        def ingest() -> None:
+            if options.skip_idle and (written[1] == written[0] or clock.due_now("decide")):
+                stats.skipped_ingests += 1
+                return
+            stats.ingests += 1
+            stats.timed("ingest", lambda: daemon.ingest(engine.datetime_at()))
+            written[1] = written[0]
+
+        def decide() -> None:
+            stats.decides += 1
+            stats.timed("decide", daemon.decide_cycle)
+            written[1] = written[0]
+            if progress is not None:
+                progress(engine.now, replay.finished, n_jobs)
+
+        def housekeeping() -> None:
+            stats.housekeeping += 1
+            stats.timed("housekeeping", lambda: apply_retention(
+                db_engine, config.retention, now=engine.datetime_at()))
+
+        def first_poll() -> None:
+            poll()
+            daemon.refresh_nodes(engine.datetime_at(), force=True)
+
+        d = config.daemon
+        clock = _ServiceClock(
+            engine, {"poll": d.poll_interval_s, "ingest": d.ingest_interval_s,
+                     "decide": d.decide_interval_s,
+                     "housekeeping": d.housekeeping_interval_s},
+            {"poll": poll, "ingest": ingest, "decide": decide, "housekeeping": housekeeping},
+            done=replay.all_done, until=options.max_time_s)
+        engine.schedule(0.0, first_poll, priority=PRIORITY_DAEMON)
+        clock.start()
+        engine.run(until=options.max_time_s)
+        finished = replay.all_done()
+        end = clock.stopped_at if clock.stopped_at is not None else engine.now
+        if progress is not None:
+            progress(end, replay.finished, n_jobs)
+        outcomes = _outcomes(replay.outcomes(), prepared)
+        summary = summarize(outcomes, total, slurm.gpu_timeline())
+        summary.update(_counters(sessions, stats, finished))
+        return SimResult(outcomes=outcomes, summary=summary,
+                         allocation_log=list(slurm.allocation_log),
+                         timeline=slurm.gpu_timeline(), cycles=stats,
+                         wall_s=time.perf_counter() - t_start,
+                         sim_s=end,
+                         finished=finished)
+    finally:
+        db_engine.dispose()
+
+
+def _idle(sessions) -> bool:
+    """No action in flight and not paused: a poll cycle would only poll and ingest."""
+    with sessions() as s:
+        busy = s.scalar(select(func.count()).select_from(Action)
+                        .where(Action.finished_at.is_(None)))
+        return not busy and not store.is_paused(s)
+
+
+def _outcomes(outcomes: list[JobOutcome], prepared: list[PreparedJob]) -> list[JobOutcome]:
+    """Outcomes with ``gpus_requested`` as the trace asked (before the job setup)."""
+    from dataclasses import replace
+
+    return [replace(o, gpus_requested=p.requested) for o, p in zip(outcomes, prepared,
+                                                                    strict=True)]
+
+
+def _counters(sessions, stats: CycleStats, finished: bool) -> dict[str, object]:
+    """Deterministic counters of the daemon's work: cycles, decisions, actions by outcome,
+    and ``decisions_sha256``, a hash of every recorded target (decision time, job, GPUs,
+    batch) in decision order: two runs that decided alike have the same hash."""
+    h = hashlib.sha256()
+    with sessions() as s:
+        decisions = int(s.scalar(select(func.count()).select_from(Decision)) or 0)
+        rows = s.execute(select(Action.kind, Action.state, func.count())
+                         .group_by(Action.kind, Action.state)).all()
+        targets = s.execute(
+            select(Decision.id, Decision.time, Job.slurm_job_id, Target.gpus, Target.batch_size)
+            .join(Target, Target.decision_id == Decision.id).join(Job, Job.id == Target.job_id)
+            .order_by(Decision.id, Job.id))
+        for _, t, sid, gpus, batch in targets:
+            h.update(f"{t.isoformat()} {sid} {gpus} {batch}\n".encode())
+    actions = {f"{k}:{st}": int(n) for k, st, n in sorted(rows)}
+    return {"all_finished": finished, "decide_cycles": stats.decides,
+            "decisions": decisions, "actions": actions, "decisions_sha256": h.hexdigest()}

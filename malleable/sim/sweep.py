@@ -1,0 +1,411 @@
+"""A sweep of simulated runs: one per (workload, policy, seed), in parallel processes.
+
+`RunSpec` says everything one run needs (it is pickled to a worker process);
+`run_one` runs it and writes its directory::
+
+    <out>/<workload>/<policy>/seed<N>/summary.json   metrics and counters (deterministic)
+                                      jobs.csv       one row per job
+                                      timing.json    wall time of the run and its cycles
+                                      plots/jct_cdf.png, gpus_per_job.png, utilization.png
+
+`run_sweep` runs many with `concurrent.futures.ProcessPoolExecutor`, reporting
+progress (jobs ended over all runs) to a callback; `write_comparison` writes
+``<out>/comparison.json`` (per run, and the mean per policy over workloads and
+seeds) and ``<out>/jct_cdf.png`` (one curve per policy, all runs' jobs), plus
+one CDF per workload. `write_slurm_array` writes an sbatch job-array script
+that runs the same sweep on a cluster, one array task per run, and a second
+script that builds the comparison once the array has finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from malleable.config import Config, parse_config
+from malleable.sim.jobsetup import setup_for
+from malleable.sim.loop import DEFAULT_MAX_TIME_S, SimOptions, SimResult, run_simulation
+from malleable.sim.metrics import write_jobs_csv, write_summary
+from malleable.sim.workloads import load_workload
+
+SUMMARY = "summary.json"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One simulated run (picklable).
+
+    Attributes:
+        workload: path of the trace file; name: its short name (output folder).
+        fmt: trace format or "auto".
+        policy: policy name; seed: the run's seed.
+        params: the policy's parameters (``policy.params``; None: the config's).
+        out_dir: the sweep's output root.
+        nodes, gpus_per_node: the cluster.
+        interval_s: the daemon's decide interval (``daemon.decide_interval_s``).
+        restart_cost_s: every job's restart cost (None: per model).
+        load_scale: arrivals divided by this.
+        job_setup: `malleable.sim.jobsetup.setup_for` name; oracle_work overrides it.
+        window_days: keep the busiest fitting window of that many days (None: all).
+        gpu_time_classes: map SWF/sacct GPU jobs to models.
+        config: the daemon's settings as a TOML-like dict (sections and keys of
+            `malleable.config.Config`); policy name, decide interval set from above.
+        max_time_s: stop simulating at this virtual time.
+        plots: write the per-run plots.
+    """
+
+    workload: str
+    name: str
+    policy: str
+    seed: int
+    out_dir: str
+    fmt: str = "auto"
+    params: dict | None = None
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval_s: float = 60.0
+    restart_cost_s: float | None = None
+    load_scale: float = 1.0
+    job_setup: str = "auto"
+    oracle_work: bool | None = None
+    window_days: float | None = None
+    gpu_time_classes: bool = False
+    config: dict = field(default_factory=dict)
+    max_time_s: float = DEFAULT_MAX_TIME_S
+    plots: bool = True
+
+    @property
+    def run_dir(self) -> Path:
+        """``<out>/<workload>/<policy>/seed<N>``."""
+        return Path(self.out_dir) / self.name / self.policy / f"seed{self.seed}"
+
+    def daemon_config(self) -> Config:
+        """The daemon's `Config` for this run.
+
+        Raises:
+            malleable.config.ConfigError: a bad key or value in ``config``.
+        """
+        data = {k: dict(v) for k, v in self.config.items()}
+        data.setdefault("policy", {})["name"] = self.policy
+        if self.params is not None:
+            data["policy"]["params"] = dict(self.params)
+        data.setdefault("daemon", {})["decide_interval_s"] = float(self.interval_s)
+        return parse_config(data, source="simulate")
+
+    def options(self) -> SimOptions:
+        """The simulation's `SimOptions`.
+
+        Raises:
+            ValueError: a bad option.
+        """
+        return SimOptions(nodes=self.nodes, gpus_per_node=self.gpus_per_node, seed=self.seed,
+                          restart_cost_s=self.restart_cost_s,
+                          setup=setup_for(self.policy, self.job_setup, self.oracle_work),
+                          max_time_s=self.max_time_s)
+
+    def load(self):
+        """The run's trace (`malleable.sim.workloads.load_workload`).
+
+        Raises:
+            TraceError, ValueError: as `load_workload`.
+        """
+        return load_workload(self.workload, self.fmt, seed=self.seed,
+                             load_scale=self.load_scale, window_days=self.window_days,
+                             capacity_gpus=self.nodes * self.gpus_per_node,
+                             gpus_per_node=self.gpus_per_node,
+                             gpu_time_classes=self.gpu_time_classes)
+
+    def metadata(self) -> dict:
+        """What the run was (goes into summary.json; no paths, so it is portable)."""
+        return {"workload": self.name, "policy": self.policy, "seed": self.seed,
+                "policy_params": dict(self.daemon_config().policy.params),
+                "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "interval_s": float(self.interval_s), "restart_cost_s": self.restart_cost_s,
+                "load_scale": float(self.load_scale), "job_setup": self.job_setup,
+                "window_days": self.window_days}
+
+
+def run_one(spec: RunSpec, report: Callable[[float, int, int], None] | None = None) -> dict:
+    """Run ``spec`` and write its directory (see the module docstring).
+
+    Returns:
+        ``{"spec": ..., "summary": ..., "jcts": [...], "wall_s": ..., "sim_s": ...}``.
+
+    Raises:
+        TraceError, ValueError, ConfigError: bad input. OSError: outputs not writable.
+    """
+    jobs = spec.load()
+    config = spec.daemon_config()
+    result = run_simulation(jobs, config, spec.options(), progress=report)
+    write_run(spec, result)
+    return {"spec": dataclasses.asdict(spec), "summary": _run_summary(spec, result),
+            "jcts": [o.jct_s for o in result.outcomes if o.jct_s is not None],
+            "wall_s": result.wall_s, "sim_s": result.sim_s}
+
+
+def _run_summary(spec: RunSpec, result: SimResult) -> dict:
+    return {**spec.metadata(), **result.summary}
+
+
+def write_run(spec: RunSpec, result: SimResult) -> Path:
+    """Write summary.json, jobs.csv, timing.json and the plots of one run."""
+    d = spec.run_dir
+    d.mkdir(parents=True, exist_ok=True)
+    total = spec.nodes * spec.gpus_per_node
+    write_summary(_run_summary(spec, result), d / SUMMARY)
+    write_jobs_csv(result.outcomes, total, d / "jobs.csv")
+    c = result.cycles
+    timing = {"wall_s": round(result.wall_s, 3), "sim_s": round(result.sim_s, 3),
+              "cycles": {"poll": c.polls, "ingest": c.ingests, "decide": c.decides,
+                         "housekeeping": c.housekeeping, "skipped_poll": c.skipped_polls,
+                         "skipped_ingest": c.skipped_ingests},
+              "cycle_wall_s": {k: round(v, 3) for k, v in sorted(c.wall_s.items())}}
+    (d / "timing.json").write_text(json.dumps(timing, indent=2, sort_keys=True) + "\n",
+                                   encoding="utf-8")
+    if spec.plots:
+        from malleable.sim import plots
+
+        pd = d / "plots"
+        pd.mkdir(exist_ok=True)
+        jcts = [o.jct_s for o in result.outcomes if o.jct_s is not None]
+        if jcts:
+            plots.plot_jct_cdf({spec.policy: jcts}, pd / "jct_cdf.png",
+                               title=f"JCT: {spec.name}, {spec.policy}, seed {spec.seed}")
+        if result.allocation_log:
+            plots.plot_gpus_per_job(result.allocation_log, pd / "gpus_per_job.png",
+                                    total_gpus=total,
+                                    title=f"GPUs per job: {spec.name}, {spec.policy}")
+        t, u = result.timeline
+        if len(t):
+            plots.plot_utilization(t, u, total, pd / "utilization.png",
+                                   title=f"GPU allocation: {spec.name}, {spec.policy}")
+    return d
+
+
+# ----------------------------------------------------------------------------- parallel
+
+_QUEUE = None
+
+
+def _init_worker(queue) -> None:
+    global _QUEUE
+    _QUEUE = queue
+    import logging
+
+    logging.getLogger("malleable").setLevel(logging.ERROR)
+
+
+def _worker(index: int, spec: RunSpec) -> dict:
+    queue = _QUEUE
+    last = [0.0]
+
+    def report(now: float, ended: int, total: int) -> None:
+        t = time.monotonic()
+        if queue is not None and (t - last[0] > 0.5 or ended == total):
+            last[0] = t
+            queue.put((index, ended, total, now))
+
+    return run_one(spec, report)
+
+
+def run_sweep(specs: Sequence[RunSpec], *, jobs: int = 1,
+              progress: Callable[[int, int, int, float], None] | None = None) -> list[dict]:
+    """Run every spec, ``jobs`` at a time in worker processes (1: in this process).
+
+    Args:
+        specs: the runs.
+        jobs: parallel worker processes.
+        progress: called with (run index, jobs ended, jobs in the run, virtual s) as
+            runs advance.
+
+    Returns:
+        `run_one`'s result of each spec, in the order given.
+
+    Raises:
+        Whatever a run raised (the first failure, after the others were cancelled).
+    """
+    if jobs <= 1 or len(specs) <= 1:
+        out = []
+        for i, s in enumerate(specs):
+            def report(now: float, ended: int, total: int, i: int = i) -> None:
+                if progress is not None:
+                    progress(i, ended, total, now)
+            out.append(run_one(s, report))
+        return out
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    manager = ctx.Manager()
+    try:
+        queue = manager.Queue()
+        results: dict[int, dict] = {}
+        with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=ctx,
+                                 initializer=_init_worker, initargs=(queue,)) as pool:
+            futures = {pool.submit(_worker, i, s): i for i, s in enumerate(specs)}
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+                    _drain(queue, progress)
+                    for f in done:
+                        results[futures[f]] = f.result()
+            except BaseException:
+                for f in pending:
+                    f.cancel()
+                raise
+            _drain(queue, progress)
+        return [results[i] for i in range(len(specs))]
+    finally:
+        manager.shutdown()
+
+
+def _drain(queue, progress) -> None:
+    while True:
+        try:
+            item = queue.get_nowait()
+        except Exception:  # queue.Empty through the manager's proxy
+            return
+        if progress is not None:
+            progress(*item)
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+def collect(out_dir: str | Path) -> list[dict]:
+    """Every run under ``out_dir``: its summary.json, the JCTs of its jobs.csv and the
+    wall time of its timing.json (None if absent)."""
+    import csv
+
+    runs = []
+    for path in sorted(Path(out_dir).glob(f"*/*/seed*/{SUMMARY}")):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        jcts = []
+        jobs_csv = path.parent / "jobs.csv"
+        if jobs_csv.exists():
+            with jobs_csv.open(newline="", encoding="utf-8") as fh:
+                jcts = [float(r["jct_s"]) for r in csv.DictReader(fh) if r["jct_s"]]
+        timing = path.parent / "timing.json"
+        wall = json.loads(timing.read_text(encoding="utf-8")).get("wall_s") \
+            if timing.exists() else None
+        runs.append({"summary": summary, "jcts": jcts, "wall_s": wall})
+    return runs
+
+
+_COMPARED = ("avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "gpu_utilization",
+             "restarts_per_job", "ftf_rho_avg")
+
+
+def write_comparison(runs: Sequence[dict], out_dir: str | Path) -> Path:
+    """``comparison.json`` and the JCT CDF plots (see the module docstring).
+
+    Returns:
+        The path of comparison.json.
+    """
+    from malleable.sim import plots
+
+    out = Path(out_dir)
+    per_run = []
+    by_policy: dict[str, list[dict]] = {}
+    jcts_all: dict[str, list[float]] = {}
+    jcts_wl: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        s = r["summary"]
+        row = {k: s.get(k) for k in ("workload", "policy", "seed", "jobs", "jobs_finished",
+                                     "all_finished", *_COMPARED)}
+        per_run.append(row)
+        by_policy.setdefault(s["policy"], []).append(row)
+        jcts_all.setdefault(s["policy"], []).extend(r["jcts"])
+        jcts_wl.setdefault(s["workload"], {}).setdefault(s["policy"], []).extend(r["jcts"])
+    per_run.sort(key=lambda r: (r["workload"], r["policy"], r["seed"]))
+    means = {}
+    for pol, rows in sorted(by_policy.items()):
+        means[pol] = {"runs": len(rows)}
+        for k in _COMPARED:
+            vals = [float(r[k]) for r in rows if r.get(k) is not None]
+            means[pol][f"mean_{k}"] = round(sum(vals) / len(vals), 3) if vals else None
+    doc = {"runs": per_run, "by_policy": means,
+           "note": "mean_* are means over runs (workloads x seeds) of each run's metric"}
+    path = out / "comparison.json"
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if any(jcts_all.values()):
+        plots.plot_jct_cdf(jcts_all, out / "jct_cdf.png", title="JCT, all workloads")
+    for wl, d in sorted(jcts_wl.items()):
+        if any(d.values()):
+            plots.plot_jct_cdf(d, out / wl / "jct_cdf.png", title=f"JCT, {wl}")
+    return path
+
+
+# ----------------------------------------------------------------------------- Slurm array
+
+
+def write_slurm_array(workloads: Sequence[str], policies: Sequence[str], seeds: Sequence[int],
+                      common_args: Sequence[str], out_dir: str | Path, *,
+                      python: str | None = None) -> tuple[Path, Path]:
+    """An sbatch job-array script running the sweep, one task per (workload, policy, seed).
+
+    Task ``i`` runs ``malleable simulate`` with workload ``i // (P*S)``, policy
+    ``(i // S) % P`` and seed ``i % S`` and the ``common_args`` (cluster, interval,
+    ...), writing its run directory under ``out_dir`` without a comparison; the
+    second script builds the comparison (``--compare-only``). Every value is
+    shell-quoted.
+
+    Returns:
+        ``(array script, comparison script)`` paths.
+    """
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    py = python or sys.executable
+    n = len(workloads) * len(policies) * len(seeds)
+    q = shlex.quote
+
+    def arr(values) -> str:
+        return " ".join(q(str(v)) for v in values)
+
+    common = " ".join(q(a) for a in common_args)
+    array = out / "simulate-array.sbatch"
+    array.write_text(f"""#!/bin/bash
+# One simulated run per array task: {len(workloads)} workload(s) x {len(policies)} policy(ies)
+# x {len(seeds)} seed(s) = {n} tasks. Written by `malleable simulate --slurm-array`.
+#SBATCH --job-name=malleable-simulate
+#SBATCH --array=0-{n - 1}
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=1
+#SBATCH --output={q(str(out))}/slurm-%A_%a.out
+set -euo pipefail
+WORKLOADS=({arr(workloads)})
+POLICIES=({arr(policies)})
+SEEDS=({arr(seeds)})
+i=${{SLURM_ARRAY_TASK_ID:?run me with sbatch}}
+P=${{#POLICIES[@]}}; S=${{#SEEDS[@]}}
+w=$(( i / (P * S) )); p=$(( (i / S) % P )); s=$(( i % S ))
+exec {q(py)} -m malleable simulate --workload "${{WORKLOADS[$w]}}" --policy "${{POLICIES[$p]}}" \\
+    --seed "${{SEEDS[$s]}}" --jobs 1 --no-comparison --no-progress --out {q(str(out))} {common}
+""", encoding="utf-8")
+    compare = out / "simulate-compare.sbatch"
+    compare.write_text(f"""#!/bin/bash
+# Builds comparison.json and the JCT CDF plots once every array task has finished.
+#SBATCH --job-name=malleable-compare
+#SBATCH --ntasks=1
+#SBATCH --output={q(str(out))}/slurm-compare-%j.out
+set -euo pipefail
+exec {q(py)} -m malleable simulate --compare-only --out {q(str(out))}
+""", encoding="utf-8")
+    for p in (array, compare):
+        os.chmod(p, 0o755)
+    return array, compare
+
+
+def submit_hint(array: Path, compare: Path) -> str:
+    """How to submit the two scripts (printed by the command)."""
+    return (f"jid=$(sbatch --parsable {shlex.quote(str(array))}) && "
+            f"sbatch --dependency=afterany:${{jid%%;*}} {shlex.quote(str(compare))}")
+

@@ -1,0 +1,136 @@
+"""The daemon's decision loop in simulation: real `Daemon`, simulated Slurm, virtual clock.
+
+Every run here is the production cycle (poll, ingest, estimators, policy,
+reconciler, actuator) against `SimSlurm`, with an in-memory SQLite state store
+and a spool directory the simulated jobs write progress lines to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from malleable.config import parse_config
+from malleable.sim.jobsetup import setup_for
+from malleable.sim.loop import SimOptions, run_simulation
+from malleable.sim.metrics import write_summary
+from malleable.sim.traces import TraceJob
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Three ncf jobs (about a minute each on one GPU) and three cifar10 jobs (the
+# artifact's initial batch 128 trains in tens of minutes) on 2 nodes x 4 GPUs.
+JOBS = [
+    TraceJob("cifar10-0", 0.0, 2, model="cifar10", batch_size=256),
+    TraceJob("ncf-1", 20.0, 1, model="ncf", batch_size=32768),
+    TraceJob("cifar10-2", 45.0, 4, model="cifar10", batch_size=512),
+    TraceJob("ncf-3", 130.0, 1, model="ncf", batch_size=32768),
+    TraceJob("cifar10-4", 200.0, 2, model="cifar10", batch_size=256),
+    TraceJob("ncf-5", 260.0, 1, model="ncf", batch_size=32768),
+]
+
+
+def config(policy: str):
+    return parse_config({"policy": {"name": policy, "min_gain": 0.0, "cooldown_s": 0.0},
+                         "daemon": {"max_concurrent_requeues": 8}})
+
+
+def run(policy: str, seed: int = 0, **kw):
+    opts = SimOptions(nodes=2, gpus_per_node=4, seed=seed, restart_cost_s=30.0,
+                      setup=setup_for(policy), max_time_s=6 * 3600.0, **kw)
+    return run_simulation(JOBS, config(policy), opts)
+
+
+@pytest.fixture(scope="module")
+def pollux_run():
+    return run("pollux")
+
+
+def test_small_workload_finishes_through_the_daemon(pollux_run):
+    r = pollux_run
+    s = r.summary
+    assert r.finished and s["all_finished"] is True
+    assert s["jobs"] == s["jobs_finished"] == len(JOBS)
+    # The daemon decided every minute until the last job ended.
+    assert s["decide_cycles"] == s["decisions"] >= r.sim_s // 60
+    assert all(o.end_s is not None and o.end_s > o.arrival_s for o in r.outcomes)
+    assert 0 < s["gpu_utilization"] <= 1
+
+
+def test_jobs_are_resized_by_checkpoint_requeue(pollux_run):
+    s = pollux_run.summary
+    # Pollux grows the jobs that start on one GPU: checkpoint, requeue, resize, release.
+    assert s["actions"].get("requeue:done", 0) >= 1
+    sizes: dict[str, set[int]] = {}
+    for _, job, gpus in pollux_run.allocation_log:
+        if gpus:
+            sizes.setdefault(job, set()).add(gpus)
+    assert any(len(v) >= 2 for v in sizes.values()), sizes
+    assert sum(o.restarts for o in pollux_run.outcomes) >= s["actions"]["requeue:done"]
+
+
+def test_tiresias_runs_jobs_at_their_request_and_preempts_only():
+    r = run("las")
+    assert r.finished
+    requested = {o.job_id: o.gpus_requested for o in r.outcomes}
+    for _, job, gpus in r.allocation_log:
+        # las as Tiresias: a job runs on its request (legal here) or not at all.
+        assert gpus in (0, requested[job]), (job, gpus)
+
+
+def test_same_seed_gives_byte_identical_summary(tmp_path, pollux_run):
+    again = run("pollux")
+    a = write_summary(pollux_run.summary, tmp_path / "a.json").read_bytes()
+    b = write_summary(again.summary, tmp_path / "b.json").read_bytes()
+    assert a == b
+    assert json.loads(a)["decisions_sha256"] == pollux_run.summary["decisions_sha256"]
+
+
+def test_summary_identical_in_a_fresh_process_with_another_hash_seed(tmp_path, pollux_run):
+    """Set iteration order of strings changes with PYTHONHASHSEED; the run must not."""
+    code = (
+        "import sys; sys.path.insert(0, {root!r})\n"
+        "from tests.sim.test_loop import run\n"
+        "from malleable.sim.metrics import write_summary\n"
+        "write_summary(run('pollux').summary, {out!r})\n"
+    ).format(root=str(ROOT), out=str(tmp_path / "child.json"))
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300, cwd=ROOT)
+    here = write_summary(pollux_run.summary, tmp_path / "here.json").read_bytes()
+    assert (tmp_path / "child.json").read_bytes() == here
+
+
+def test_skipping_idle_cycles_changes_nothing(pollux_run):
+    full = run("pollux", skip_idle=False)
+    assert full.summary == pollux_run.summary
+    assert full.cycles.skipped_polls == full.cycles.skipped_ingests == 0
+    assert pollux_run.cycles.skipped_polls > 0 and pollux_run.cycles.skipped_ingests > 0
+
+
+def test_progress_is_ingested_into_the_state_store(tmp_path):
+    db = tmp_path / "state.db"
+    r = run_simulation(JOBS[:2], config("pollux"),
+                       SimOptions(nodes=2, gpus_per_node=4, restart_cost_s=30.0,
+                                  setup=setup_for("pollux"), max_time_s=3 * 3600.0),
+                       workdir=tmp_path / "work", db_url=f"sqlite:///{db}")
+    assert r.finished
+    from sqlalchemy import create_engine, func, select
+
+    from malleable.db.models import Job, JobEvent, ProgressSample
+
+    eng = create_engine(f"sqlite:///{db}")
+    with eng.connect() as c:
+        samples = c.scalar(select(func.count()).select_from(ProgressSample))
+        kinds = {k for (k,) in c.execute(select(JobEvent.kind).distinct())}
+        malleable = c.scalar(select(func.count()).select_from(Job).where(Job.malleable))
+    eng.dispose()
+    assert samples > 0
+    assert {"new", "started", "finished"} <= kinds
+    assert malleable == 2
+    lines = (tmp_path / "work" / "spool").glob("*.jsonl")
+    assert sum(1 for f in lines for _ in f.open()) >= samples

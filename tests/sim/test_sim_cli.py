@@ -1,0 +1,136 @@
+"""``malleable simulate``: a plain sweep, its outputs, bad input (exit 2), the Slurm array."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from malleable.cli import main
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WORKLOAD = """name,time,application,num_replicas,batch_size
+ncf-0,0,ncf,1,32768
+cifar10-1,30,cifar10,2,256
+ncf-2,90,ncf,1,32768
+"""
+
+
+@pytest.fixture
+def workload(tmp_path: Path) -> Path:
+    p = tmp_path / "tiny.csv"
+    p.write_text(WORKLOAD)
+    return p
+
+
+def simulate(*args: str):
+    return CliRunner().invoke(main, ["simulate", "--no-progress", *args])
+
+
+def test_plain_sweep_writes_runs_and_comparison(tmp_path, workload):
+    out = tmp_path / "out"
+    res = simulate("--workload", str(workload), "--policy", "pollux,static", "--nodes", "2",
+                   "--gpus-per-node", "4", "--seed", "3", "--restart-cost", "30",
+                   "--out", str(out))
+    assert res.exit_code == 0, res.output + (res.stderr or "")
+    for pol in ("pollux", "static"):
+        d = out / "tiny" / pol / "seed3"
+        s = json.loads((d / "summary.json").read_text())
+        assert (s["workload"], s["policy"], s["seed"]) == ("tiny", pol, 3)
+        assert s["jobs"] == s["jobs_finished"] == 3
+        rows = (d / "jobs.csv").read_text().splitlines()
+        assert rows[0].startswith("name,job_id,model") and len(rows) == 4
+        for png in ("jct_cdf.png", "gpus_per_job.png", "utilization.png"):
+            assert (d / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    cmp = json.loads((out / "comparison.json").read_text())
+    assert set(cmp["by_policy"]) == {"pollux", "static"}
+    assert len(cmp["runs"]) == 2
+    assert (out / "jct_cdf.png").exists() and (out / "tiny" / "jct_cdf.png").exists()
+    assert "tiny" in res.output and "avg JCT" in res.output
+
+
+def test_parallel_runs_give_the_same_summaries_as_serial(tmp_path, workload):
+    args = ["--workload", str(workload), "--policy", "las,optimus", "--nodes", "2",
+            "--restart-cost", "30", "--no-plots", "--no-comparison"]
+    assert simulate(*args, "--out", str(tmp_path / "a"), "--jobs", "1").exit_code == 0
+    assert simulate(*args, "--out", str(tmp_path / "b"), "--jobs", "2").exit_code == 0
+    for pol in ("las", "optimus"):
+        rel = Path("tiny") / pol / "seed0" / "summary.json"
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workload", "/nonexistent/w.csv", "--policy", "pollux"],
+     "--workload /nonexistent/w.csv: no such file"),
+    (["--policy", "nosuch"], "--policy 'nosuch': unknown policy"),
+    (["--policy", "pollux", "--seed", "x"], "--seed 'x': not an integer"),
+    (["--policy", "pollux", "--format", "philly"], "missing column(s)"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, workload, args, message):
+    if "--workload" not in args:
+        args = ["--workload", str(workload), *args]
+    res = simulate(*args, "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2
+    err = res.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.startswith("malleable simulate: error:") and message in err, err
+
+
+def test_malformed_trace_row_is_named_with_its_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(WORKLOAD + "ncf-3,120,ncf,two,32768\n")
+    res = simulate("--workload", str(bad), "--policy", "las", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2
+    assert f"{bad}:5: field num_replicas='two': not an integer" in res.stderr
+    assert res.stderr.count("\n") == 1
+
+
+def test_bad_config_file_is_refused(tmp_path, workload):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[daemon]\npoll_interval_s = 'soon'\n")
+    res = simulate("--workload", str(workload), "--policy", "las", "--config", str(cfg),
+                   "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2
+    assert "daemon.poll_interval_s" in res.stderr
+
+
+def test_command_line_entry_point(tmp_path, workload):
+    """The installed entry: ``python -m malleable simulate`` in a fresh process."""
+    proc = subprocess.run([sys.executable, "-m", "malleable", "simulate", "--workload",
+                           str(workload), "--policy", "nosuch", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("malleable simulate: error: --policy 'nosuch'")
+
+
+@pytest.mark.slurm
+def test_slurm_array_runs_the_sweep_on_a_real_cluster(tmp_path, workload, slurm):
+    """The written job array runs on the harness's Slurm: one task per run, then the
+    comparison job after them."""
+    out = tmp_path / "array"
+    res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "2",
+                   "--restart-cost", "30", "--no-plots", "--out", str(out), "--slurm-array")
+    assert res.exit_code == 0, res.stderr
+    script = out / "simulate-array.sbatch"
+    assert "#SBATCH --array=0-1" in script.read_text()
+    assert "sbatch --dependency=afterany:" in res.output
+    env = {**slurm.env, "PYTHONPATH": str(ROOT)}
+    jid = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True,
+                         text=True, check=True, timeout=30).stdout.strip().split(";")[0]
+    subprocess.run(["sbatch", f"--dependency=afterany:{jid}",
+                    str(out / "simulate-compare.sbatch")], env=env, capture_output=True,
+                   text=True, check=True, timeout=30)
+    wait_until(lambda: (out / "comparison.json").exists(), timeout=240,
+               what="the comparison job's output")
+    cmp = json.loads((out / "comparison.json").read_text())
+    assert {(r["policy"], r["jobs_finished"]) for r in cmp["runs"]} == {("las", 3),
+                                                                         ("static", 3)}
+    assert not [p for p in out.glob("slurm-*.out") if "Traceback" in p.read_text()]
+    assert os.access(script, os.X_OK)
