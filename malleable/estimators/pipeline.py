@@ -365,7 +365,8 @@ def speedup_table(est: Estimates, specs: JobSpecs, k: np.ndarray, gpus_per_node:
     For each job and candidate k (on ``n = nodes_for(k, g)`` nodes), the
     goodput-optimal batch and its goodput (`efficiency.optimal_batch`), the
     goodput's standard deviation (delta method), feasibility
-    (`table.feasible_mask`; jobs with a bad spec: only k = 0), remaining
+    (`table.feasible_mask`, and a batch must fit: no k with
+    ``k * max_local_batch < m0``; jobs with a bad spec: only k = 0), remaining
     work, flags and the power-law exponent.
 
     Args:
@@ -399,6 +400,9 @@ def speedup_table(est: Estimates, specs: JobSpecs, k: np.ndarray, gpus_per_node:
     hi = np.where(bad, 1, np.maximum(specs.max_gpus, lo))
     st = np.where(bad, 1, specs.step)
     feasible = feasible_mask(k, lo, hi, st, gpus_per_node)
+    # A size on which no batch fits the per-GPU limit is not a size the job can run on
+    # (a policy stepping through sizes must not stall on it).
+    feasible &= (batch > 0) | (k[None, :] == 0)
     feasible[bad] = k[None, :] == 0
     goodput = np.where(np.isfinite(goodput), np.maximum(goodput, 0.0), 0.0)
     return SpeedupTable(k=k, feasible=feasible, goodput=goodput, batch=batch,

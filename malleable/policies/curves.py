@@ -36,8 +36,19 @@ def goodput_at(table: SpeedupTable, x: np.ndarray) -> np.ndarray:
 
 
 def one_gpu_rate(table: SpeedupTable) -> np.ndarray:
-    """(J,) goodput at one GPU (interpolated if 1 is not on the grid), work units/s."""
-    return goodput_at(table, np.ones(table.num_jobs))
+    """(J,) goodput at one GPU (interpolated if 1 is not on the grid), work units/s.
+
+    A job that cannot run on one GPU (its batch does not fit one GPU's memory:
+    goodput 0 there) gets ``goodput(k_min) / k_min`` at its smallest runnable size
+    k_min, as if it scaled linearly up to it; 0 for a job that can run nowhere.
+    """
+    base = goodput_at(table, np.ones(table.num_jobs))
+    runnable = table.feasible & (table.goodput > 0) & (table.k[None, :] > 0)
+    first = np.argmax(runnable, axis=1)
+    rows = np.arange(table.num_jobs)
+    k_min = np.maximum(table.k[first], 1).astype(np.float64)
+    virtual = np.where(runnable.any(axis=1), table.goodput[rows, first] / k_min, 0.0)
+    return np.where(base > 0, base, virtual)
 
 
 def speedup(table: SpeedupTable) -> np.ndarray:

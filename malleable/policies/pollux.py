@@ -65,10 +65,21 @@ from malleable.policies.starvation import promoted, starvation_keys
 
 
 def pollux_speedup(jobs: JobSet, capacity: Capacity) -> np.ndarray:
-    """(J, K) SPEEDUP_j(k) = goodput(k) / goodput(ceil(C / J)), before restart penalties."""
+    """(J, K) SPEEDUP_j(k) = goodput(k) / goodput(ceil(C / J)), before restart penalties.
+
+    A job that cannot run on the fair share ceil(C / J) (its batch does not fit that
+    few GPUs' memory: goodput 0 there) is normalised by its goodput at the smallest
+    size it can run on instead; Pollux's jobs, which accumulate gradients, always
+    run on the fair share, so the artifact never meets this case. All zeros for a
+    job that can run nowhere.
+    """
     t = jobs.table
     fair = max(1, math.ceil(capacity.total / len(jobs)))
     base = goodput_at(t, np.full(len(jobs), float(fair)))
+    runnable = t.feasible & (t.goodput > 0)
+    first = np.argmax(runnable, axis=1)
+    smallest = np.where(runnable.any(axis=1), t.goodput[np.arange(len(jobs)), first], 0.0)
+    base = np.where(base > 0, base, smallest)
     with np.errstate(divide="ignore", invalid="ignore"):
         s = t.goodput / base[:, None]
     return np.where(base[:, None] > 0, s, 0.0)

@@ -137,3 +137,20 @@ def test_extreme_but_valid_jobs_fit_to_finite_estimates(rate, m, ks, p, noise):
         x = rate * np.array(ks, dtype=float) ** p
         ratio = table.goodput[0, c] / x
         assert np.all(ratio > 0.2) and np.all(ratio < 5.0)
+
+
+def test_sizes_on_which_no_batch_fits_the_per_gpu_limit_are_infeasible():
+    # m0 = 4096 with at most 1024 per GPU: 1-3 GPUs cannot hold the batch. A policy that
+    # steps through feasible sizes would otherwise stall on zero-goodput sizes below 4.
+    from malleable.estimators.inputs import JobSpecs
+
+    specs = JobSpecs(min_gpus=np.array([1, 1]), max_gpus=np.array([16, 16]),
+                     step=np.array([1, 1]), init_batch=np.array([4096.0, 4096.0]),
+                     max_batch=np.array([4096.0, 4096.0]),
+                     max_local_batch=np.array([1024.0, np.nan]))
+    k = candidate_grid(specs.max_gpus, 4, 16)
+    table = speedup_table(estimate(EstimatorState.empty(2), specs), specs, k, 4)
+    assert k.tolist() == [0, 1, 2, 3, 4, 8, 12, 16]
+    assert table.feasible[0].tolist() == [True, False, False, False, True, True, True, True]
+    assert table.feasible[1].all()          # no per-GPU limit: every size holds the batch
+    assert (table.goodput[0, 4:] > 0).all() and (table.goodput[0, 1:4] == 0).all()

@@ -200,3 +200,26 @@ def test_hesrpt_gives_the_smallest_job_the_largest_share():
     out = get_policy("hesrpt").allocate(jobs, cap)
     assert out.gpus.sum() == 16
     assert out.gpus[1] > out.gpus[2] > out.gpus[0] > 0
+
+
+@pytest.mark.parametrize("name", ["pollux", "las", "gittins", "hesrpt", "optimus", "srpt",
+                                  "equi", "fifo"])
+def test_a_job_that_cannot_run_on_few_gpus_still_gets_gpus_on_an_empty_cluster(name):
+    # Job 0's batch needs at least 4 GPUs' memory: its speedup table has goodput 0 and
+    # is infeasible at 1-3 GPUs (malleable.estimators.pipeline.speedup_table). Pollux's
+    # fair-share normalisation and the 1-GPU rate of the others must not turn that
+    # into "never run it".
+    import dataclasses
+
+    # Five other jobs of at most 2 GPUs each leave 6 GPUs; with six jobs the fair share
+    # ceil(16 / 6) = 3 GPUs is a size job 0 cannot run on.
+    cap = Capacity.uniform(4, 4)
+    jobs = simple(cap, 0.8, [400.0] + [100.0] * 5, max_gpus=np.array([16] + [2] * 5))
+    t = jobs.table
+    small = (t.k >= 1) & (t.k < 4)
+    feasible, goodput = t.feasible.copy(), t.goodput.copy()
+    feasible[0, small], goodput[0, small] = False, 0.0
+    jobs = dataclasses.replace(jobs, table=dataclasses.replace(t, feasible=feasible,
+                                                               goodput=goodput))
+    out = get_policy(name).allocate(jobs, cap)
+    assert out.gpus[0] >= 4, (name, out.gpus.tolist(), out.reason)
