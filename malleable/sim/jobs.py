@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from malleable.progress.reporter import PLAN_SUFFIX, parse_plan
 from malleable.sim.engine import Event
 from malleable.sim.profiles import ModelProfile
 from malleable.sim.slurm import Run
@@ -113,6 +114,11 @@ class ProfileJob:
             whose processes cannot survive losing nodes.
         shrink_pause_s: training pause after an in-place shrink (default ``resume_s``).
         sink: how a progress record is written (default `write_progress_line`).
+        follow_plan: at every start, train at the batch size of the daemon's plan file
+            (``<spool>/<job>.plan.json``) when the plan is for the GPU count it starts
+            on, as `malleable.progress.reporter.Reporter.recommended_batch_size` tells a
+            real job (examples/emulated_job.py does); off by default (Pollux's
+            artifact fixes the batch or tunes it itself: ``adaptive_batch``).
 
     Attributes:
         progress: progress so far (profile units); iterations, samples likewise
@@ -126,7 +132,7 @@ class ProfileJob:
                  report_interval_s: float = 30.0, checkpoint_signal: str = "USR1",
                  signal_target: SignalTarget = SignalTarget.BATCH, save_fraction: float = 0.1,
                  shrink_in_place: bool = True, shrink_pause_s: float | None = None,
-                 sink: ProgressSink | None = None):
+                 sink: ProgressSink | None = None, follow_plan: bool = False):
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int)
                                   or batch < 1):
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
@@ -146,6 +152,7 @@ class ProfileJob:
         self.shrink_in_place = shrink_in_place
         self.shrink_pause_s = self.resume_s if shrink_pause_s is None else float(shrink_pause_s)
         self.sink = sink if sink is not None else write_progress_line
+        self.follow_plan = follow_plan
         self.progress = 0.0
         self.iterations = 0.0
         self.samples = 0.0
@@ -169,6 +176,8 @@ class ProfileJob:
         """Start (or resume from the checkpoint) on ``run.placement`` after ``resume_s``."""
         self.run = run
         self.progress, self.iterations, self.samples = self._ckpt
+        if self.follow_plan and not self.adaptive_batch:
+            self._apply_plan(run)
         if self.progress >= self.profile.target_progress - 1e-9:
             self._finish()
             return
@@ -348,6 +357,18 @@ class ProfileJob:
             self._eff_batch = self._choose_batch(run.placement)
         self._write("finished")
         run.exit(JobState.COMPLETED)
+
+    def _apply_plan(self, run: Run) -> None:
+        """Take the plan's batch size if the plan is for this start's GPU count."""
+        if self.spool_dir is None:
+            return
+        path = self.spool_dir / (run.job_id + PLAN_SUFFIX)
+        try:
+            plan = parse_plan(path.read_bytes(), run.job_id)
+        except (OSError, ValueError):
+            return    # no plan, or one a real job would also ignore
+        if plan.batch is not None and plan.gpus == sum(run.placement):
+            self.batch = int(plan.batch)
 
     def _ckpt_path(self) -> str:
         run = self.run

@@ -249,9 +249,10 @@ def prepare_jobs(jobs: list[TraceJob], setup: JobSetup, *, gpus_per_node: int,
 
 
 def program_for(job: PreparedJob, *, spool_dir, report_interval_s: float,
-                sink: ProgressSink | None = None) -> ProfileJob:
+                sink: ProgressSink | None = None, follow_plan: bool = False) -> ProfileJob:
     """The simulated program of a malleable prepared job (a `ProfileJob`); ``sink``
-    writes its progress records (default: JSON lines appended to its file).
+    writes its progress records (default: JSON lines appended to its file);
+    ``follow_plan`` as `ProfileJob`'s.
 
     Raises:
         ValueError: a rigid job (no profile).
@@ -260,4 +261,4 @@ def program_for(job: PreparedJob, *, spool_dir, report_interval_s: float,
         raise ValueError(f"job {job.trace.name!r} is rigid: it has no profile")
     return ProfileJob(job.profile, spool_dir=spool_dir, batch=job.batch,
                       adaptive_batch=job.adaptive, report_interval_s=report_interval_s,
-                      sink=sink)
+                      sink=sink, follow_plan=follow_plan)

@@ -257,14 +257,33 @@ def run_simulation(jobs: Sequence[TraceJob], config: Config, options: SimOptions
         malleable.db.errors.StoreError: the state store cannot be opened.
     """
     options = options or SimOptions()
+    prepared = prepare_jobs(list(jobs), options.setup, gpus_per_node=options.gpus_per_node,
+                            total_gpus=options.nodes * options.gpus_per_node,
+                            seed=options.seed, restart_cost_s=options.restart_cost_s)
+    return run_prepared(prepared, config, options, workdir=workdir, progress=progress,
+                        db_url=db_url)
+
+
+def run_prepared(prepared: Sequence[PreparedJob], config: Config,
+                 options: SimOptions | None = None, *,
+                 workdir: str | os.PathLike | None = None,
+                 progress: Callable[[float, int, int], None] | None = None,
+                 db_url: str = "sqlite://", follow_plan: bool = False) -> SimResult:
+    """`run_simulation` for jobs already set up (``options.setup`` is not used):
+    e.g. `malleable.sim.predict`'s jobs of a `malleable replay` onto a cluster.
+    ``follow_plan``: the jobs take the batch size of the daemon's plan at every start
+    (`ProfileJob`'s ``follow_plan``). Same returns and errors as `run_simulation`."""
+    options = options or SimOptions()
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="malleable-sim-") as tmp:
-            return _run(jobs, config, options, Path(tmp), progress, db_url)
-    return _run(jobs, config, options, Path(workdir), progress, db_url)
+            return _run(list(prepared), config, options, Path(tmp), progress, db_url,
+                        follow_plan)
+    return _run(list(prepared), config, options, Path(workdir), progress, db_url, follow_plan)
 
 
-def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir: Path,
-         progress: Callable[[float, int, int], None] | None, db_url: str) -> SimResult:
+def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workdir: Path,
+         progress: Callable[[float, int, int], None] | None, db_url: str,
+         follow_plan: bool) -> SimResult:
     t_start = time.perf_counter()
     spool = workdir / "spool"
     spool.mkdir(parents=True, exist_ok=True)
@@ -272,9 +291,6 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
     slurm = SimSlurm(engine, options.nodes, options.gpus_per_node,
                      requeue_delay_s=options.requeue_delay_s)
     total = slurm.total_gpus
-    prepared = prepare_jobs(list(jobs), options.setup, gpus_per_node=options.gpus_per_node,
-                            total_gpus=total, seed=options.seed,
-                            restart_cost_s=options.restart_cost_s)
     by_name = {p.trace.name: p for p in prepared}
 
     written = [0, 0]   # progress records written so far; that many when last ingested
@@ -288,7 +304,7 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
         if p.profile is None:
             return replay._default_program(t)
         return program_for(p, spool_dir=spool, report_interval_s=options.report_interval_s,
-                           sink=sink)
+                           sink=sink, follow_plan=follow_plan)
 
     replay = Replay(engine, slurm, [p.trace for p in prepared], spool_dir=spool,
                     program_for=build, comment_for=lambda t: by_name[t.name].comment,
