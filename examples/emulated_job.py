@@ -12,7 +12,10 @@ per epoch). Everything else is what a real malleable job does
   spread over the nodes as evenly as possible), its global batch size from
   the daemon's plan when it restarts (``Reporter.recommended_batch_size``),
   else the checkpoint's, else ``--batch`` or $MALLEABLE_BATCH_SIZE, else
-  Pollux's default for its GPU count;
+  Pollux's default for its GPU count; with ``--adaptive-batch`` it tunes the
+  batch itself as AdaptDL jobs do (the profile's goodput-optimal batch for its
+  placement, at every start and epoch: what the simulator's jobs do in
+  Pollux's setup);
 * its state (step, samples, statistical-efficiency-weighted progress, batch) is
   in a checkpoint file written atomically (``write_checkpoint``);
 * it logs progress lines with the metric and the gradient statistics the
@@ -60,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="initial global batch size; the plan's recommendation, then the "
                         "checkpoint's batch come first (default: $MALLEABLE_BATCH_SIZE, else "
                         "Pollux's default for the GPU count)")
+    p.add_argument("--adaptive-batch", action="store_true",
+                   help="tune the global batch size itself, as AdaptDL does: the profile's "
+                        "goodput-optimal batch for its placement at every start and epoch "
+                        "(the plan's recommendation is then not used)")
     p.add_argument("--target-steps", type=int, default=None,
                    help="stop after this many iterations (default: the profile's epochs)")
     p.add_argument("--log-every", type=float, default=30.0,
@@ -132,11 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkpoint {args.checkpoint} is of model {state['model']}, not {args.model}",
               file=sys.stderr)
         return 2
-    batch = (rep.recommended_batch_size or state["batch"] or args.batch or rep.batch_size
-             or profile.default_batch(gpus))
+    def tuned() -> int:
+        """The goodput-optimal batch now (AdaptDL's choice; the simulator's oracle)."""
+        return profile.best_batch(placement, state["progress"])
+
+    if args.adaptive_batch:
+        batch = tuned()
+    else:
+        batch = (rep.recommended_batch_size or state["batch"] or args.batch or rep.batch_size
+                 or profile.default_batch(gpus))
     batch = max(gpus, int(batch))
-    local = batch / gpus
-    step_s = profile.step_time(placement, local)
+    step_s = profile.step_time(placement, batch / gpus)
+    epoch = profile.epoch_at(state["progress"])
     target_steps = args.target_steps
     rep.started(state["step"], state["samples"], batch_size=batch)
     print(f"emulating {args.model} on {placement} (restart {rep.restart_count}): batch {batch}, "
@@ -159,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     next_save = (state["step"] // args.checkpoint_every_steps + 1) * args.checkpoint_every_steps \
         if args.checkpoint_every_steps else None
     while not done():
+        if args.adaptive_batch and profile.epoch_at(state["progress"]) != epoch:
+            epoch = profile.epoch_at(state["progress"])
+            batch = max(gpus, tuned())
+            step_s = profile.step_time(placement, batch / gpus)
         steps = max(1, int(args.log_every / step_s))
         if target_steps is not None:
             steps = min(steps, target_steps - state["step"])
@@ -173,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             state["progress"] += steps * gain
             sqr, var = profile.grad_stats(state["progress"], batch)
             rep.log(state["step"], state["samples"], metric=profile.metric(state["progress"], batch),
-                    grad_sqr=sqr, grad_var=var)
+                    batch_size=batch, grad_sqr=sqr, grad_var=var)
         if next_save is not None and state["step"] >= next_save:
             save("periodic")
             next_save += args.checkpoint_every_steps

@@ -12,13 +12,19 @@ trace job into a malleable job (`recipe`) is a pure function shared with the
 simulator's prediction of the same replay, so that the two run the same jobs:
 
 * spec ``gpus=1-M`` (M = ``--max-gpus``, default the cluster's GPUs), the
-  model's smallest validated batch as m0 (Pollux's progress unit) and its
-  largest as the batch limit, the model's per-GPU batch limit, the model name,
-  the checkpoint signal and grace, shrink by checkpoint-requeue;
+  model's largest validated batch as the batch limit, the model's per-GPU
+  batch limit (dropped when m0 cannot fit under it on M GPUs: the job
+  accumulates gradients), the model name, the checkpoint signal and grace,
+  shrink by checkpoint-requeue;
+* the batch size: by default the job tunes it itself as AdaptDL jobs do
+  (``--adaptive-batch`` of the emulator: the goodput-optimal batch for its
+  placement at every start and epoch, Pollux's setup) and declares the
+  model's smallest validated batch as m0; with ``--fixed-batch`` it trains at
+  the trace's batch (Pollux's "tuned" configuration), declared as m0, and
+  follows the daemon's plan when it restarts;
 * the initial size is the trace's GPU request, rounded down to a legal shape
   (within one node, or whole nodes) and capped at M;
-* the initial batch is the trace's (Pollux's "tuned" configuration);
-* the emulator's arguments: model, speedup, batch.
+* the emulator's arguments: model, speedup, batch (and ``--adaptive-batch``).
 
 Every submission is appended as one JSON line to ``--log`` (trace name, job id,
 the time it was submitted, its recipe), which the demo reads to compute JCTs.
@@ -30,6 +36,7 @@ submitted, 1 Slurm refused or did not answer, 2 bad input.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -55,7 +62,9 @@ class ReplayJob:
         model: the profiled model it emulates.
         spec: its malleable spec.
         initial_gpus: GPUs it is submitted with.
-        batch: its initial global batch size.
+        batch: its initial global batch size (the trace's; with ``adaptive_batch``
+            only a record of it: the job picks its own).
+        adaptive_batch: the job tunes its batch size itself (AdaptDL-style).
     """
 
     name: str
@@ -64,6 +73,7 @@ class ReplayJob:
     spec: MalleableSpec
     initial_gpus: int
     batch: int
+    adaptive_batch: bool = False
 
 
 def legal_gpus(k: int, gpus_per_node: int, cap: int) -> int:
@@ -75,8 +85,12 @@ def legal_gpus(k: int, gpus_per_node: int, cap: int) -> int:
 
 
 def recipe(t: TraceJob, *, gpus_per_node: int, max_gpus: int, grace_s: float = 60.0,
-           signal: str = "USR1") -> ReplayJob:
+           signal: str = "USR1", adaptive_batch: bool = True) -> ReplayJob:
     """The malleable job for trace job ``t`` (see the module docstring).
+
+    ``adaptive_batch`` (default): the job tunes its batch size as AdaptDL does and
+    declares the model's smallest validated batch as m0; otherwise it trains at the
+    trace's batch, declared as m0.
 
     Raises:
         ValueError: a trace job without a profiled model (only those can be emulated).
@@ -86,13 +100,17 @@ def recipe(t: TraceJob, *, gpus_per_node: int, max_gpus: int, grace_s: float = 6
                          f"(known: {', '.join(MODELS)})")
     p = load_profile(t.model)
     cap = max(1, int(max_gpus))
-    spec = MalleableSpec(
-        min_gpus=1, max_gpus=cap, signal=signal, grace_s=grace_s, shrink_inplace=False,
-        batch_size=int(p.init_batch_size), max_batch_size=int(p.max_batch_size),
-        max_local_batch_size=int(p.max_local_bsz), model=t.model)
     k = legal_gpus(t.gpus, gpus_per_node, cap)
     batch = int(t.batch_size) if t.batch_size else int(p.default_batch(k))
-    return ReplayJob(t.name, float(t.arrival_s), t.model, spec, k, batch)
+    m0 = int(p.init_batch_size) if adaptive_batch else batch
+    # The per-GPU memory limit, unless m0 cannot fit under it on the largest size the
+    # job may have (then it accumulates gradients, as Pollux's jobs do).
+    local = int(p.max_local_bsz) if math.ceil(m0 / cap) <= p.max_local_bsz else None
+    spec = MalleableSpec(
+        min_gpus=1, max_gpus=cap, signal=signal, grace_s=grace_s, shrink_inplace=False,
+        batch_size=m0, max_batch_size=max(m0, int(p.max_batch_size)),
+        max_local_batch_size=local, model=t.model)
+    return ReplayJob(t.name, float(t.arrival_s), t.model, spec, k, batch, adaptive_batch)
 
 
 def select(jobs: Sequence[TraceJob], *, limit: int | None = None, every: int = 1,
@@ -140,8 +158,9 @@ def replay(client: SlurmClient, jobs: Sequence[ReplayJob], *, script: str, speed
         wait = due - clock()
         if wait > 0:
             sleep(wait)
+        args = f"--model {rj.model} --speedup {speedup:g} --batch {rj.batch}"
         env = [*extra_env,
-               ("JOB_ARGS", f"--model {rj.model} --speedup {speedup:g} --batch {rj.batch}")]
+               ("JOB_ARGS", args + (" --adaptive-batch" if rj.adaptive_batch else ""))]
         request = malleable_request(script, rj.spec, initial_gpus=rj.initial_gpus,
                                     gpus_per_node=gpus_per_node, spool_dir=spool_dir,
                                     name=f"{rj.name}", extra_env=env, workdir=workdir)
@@ -149,6 +168,7 @@ def replay(client: SlurmClient, jobs: Sequence[ReplayJob], *, script: str, speed
         rec = {"name": rj.name, "job_id": job_id, "submitted_at": clock(),
                "trace_arrival_s": rj.arrival_s, "model": rj.model,
                "initial_gpus": rj.initial_gpus, "batch": rj.batch,
+               "adaptive_batch": rj.adaptive_batch,
                "spec": format_spec(rj.spec), "speedup": speedup}
         out.append(rec)
         if log_path:
@@ -202,9 +222,12 @@ def _fail(message: str, code: int) -> None:
 @click.option("--log", "log_path", default=None, metavar="PATH",
               help="Append one JSON line per submitted job.")
 @click.option("--config", "config_path", default=None, metavar="PATH")
+@click.option("--adaptive-batch/--fixed-batch", default=True, show_default=True,
+              help="Jobs tune their batch size themselves (AdaptDL-style), or train at the "
+                   "trace's batch size.")
 @click.option("--dry-run", is_flag=True, help="Print the recipes as JSON; submit nothing.")
 def replay_command(workload, speedup, limit, every, models, until_s, script, max_gpus, grace_s,
-                   gpus_per_node, nodes, log_path, config_path, dry_run) -> None:
+                   gpus_per_node, nodes, log_path, config_path, adaptive_batch, dry_run) -> None:
     """Submit a trace's jobs to Slurm at their (compressed) arrival times.
 
     Each job is a malleable emulated job following its model's measured profile;
@@ -239,7 +262,8 @@ def replay_command(workload, speedup, limit, every, models, until_s, script, max
         nodes = nodes or info.nodes
     g = max(1, gpus_per_node)
     cap = max_gpus or g * max(1, nodes)
-    recipes = [recipe(t, gpus_per_node=g, max_gpus=cap, grace_s=grace_s) for t in chosen]
+    recipes = [recipe(t, gpus_per_node=g, max_gpus=cap, grace_s=grace_s,
+                      adaptive_batch=adaptive_batch) for t in chosen]
     if dry_run:
         click.echo(json.dumps(recipes_as_dicts(recipes), indent=2))
         return

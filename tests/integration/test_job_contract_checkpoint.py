@@ -60,3 +60,24 @@ def test_killed_mid_save_resumes_from_the_previous_checkpoint(tmp_path):
     assert (after[0]["step"], after[0]["samples"]) == (200, 200 * 512)
     assert after[-1]["event"] == "finished" and after[-1]["step"] == 300
     assert json.loads(read_checkpoint(ckpt))["step"] == 300
+
+
+def test_adaptive_batch_follows_the_profiles_goodput_optimal_batch(tmp_path):
+    # --adaptive-batch: the emulator tunes its batch as AdaptDL does (the profile's
+    # goodput-optimal batch for its placement), whatever --batch and the plan say.
+    from malleable.sim.profiles import load_profile
+
+    spool = tmp_path / "spool"
+    env = {**os.environ, "SLURM_JOB_ID": "72", "SLURM_GPUS_ON_NODE": "2",
+           "SLURM_JOB_NUM_NODES": "1", "MALLEABLE_SPOOL": str(spool)}
+    env.pop("SLURM_RESTART_COUNT", None)
+    out = subprocess.run([sys.executable, str(EMULATOR), "--model", "cifar10", "--checkpoint",
+                          str(tmp_path / "em.ckpt"), "--speedup", "1000", "--batch", "1024",
+                          "--adaptive-batch", "--target-steps", "400"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = events(spool / "72.jsonl")
+    want = load_profile("cifar10").best_batch((2,), 0.0)
+    assert want != 1024
+    assert lines[0]["event"] == "started" and lines[0]["batch"] == want
+    assert all(e["batch"] == want for e in lines if e["event"] == "progress")

@@ -20,13 +20,21 @@ def test_legal_gpus_rounds_down_to_one_node_or_whole_nodes():
 
 def test_recipe_uses_the_profile_and_the_trace():
     t = TraceJob(name="cifar10-0", arrival_s=107.0, gpus=6, model="cifar10", batch_size=2048)
+    # Default: the job tunes its batch itself; m0 is the model's smallest batch (128).
     r = recipe(t, gpus_per_node=4, max_gpus=16, grace_s=30)
-    assert r.initial_gpus == 4 and r.batch == 2048 and r.model == "cifar10"
+    assert r.initial_gpus == 4 and r.batch == 2048 and r.model == "cifar10" and r.adaptive_batch
     s = r.spec
     assert (s.min_gpus, s.max_gpus, s.batch_size, s.max_batch_size, s.max_local_batch_size,
             s.model, s.grace_s, s.shrink_inplace) == (1, 16, 128, 4096, 1024, "cifar10", 30.0,
                                                       False)
     assert parse_spec(format_spec(s)) == s
+    # Fixed batch: the trace's batch is m0.
+    f = recipe(t, gpus_per_node=4, max_gpus=16, grace_s=30, adaptive_batch=False)
+    assert not f.adaptive_batch and (f.spec.batch_size, f.spec.max_batch_size) == (2048, 4096)
+    # BERT at its trace batch 384 cannot fit 12 per GPU on 16 GPUs: no memory limit.
+    bert = recipe(TraceJob(name="bert-1", arrival_s=0.0, gpus=8, model="bert", batch_size=384),
+                  gpus_per_node=4, max_gpus=16, adaptive_batch=False)
+    assert bert.spec.batch_size == 384 and bert.spec.max_local_batch_size is None
 
 
 def test_recipe_refuses_a_job_without_profile():
