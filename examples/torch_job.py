@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not ctx.join(timeout=1.0):
             pass
+        # Done: a checkpoint request now must not kill this process as it exits.
+        signal.signal(signum, signal.SIG_IGN)
     finally:
         for name in os.listdir(store):
             os.unlink(os.path.join(store, name))

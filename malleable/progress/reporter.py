@@ -383,6 +383,7 @@ class Reporter:
         self._plan_read = False
         self.signum = _signal_number(self.signal_name)
         self._previous_handler: object = None
+        self._handler_installed = False
         if install_handler:
             self.install_signal_handler()
 
@@ -427,6 +428,7 @@ class Reporter:
                        "the main thread; call request_checkpoint() yourself")
             return False
         self._previous_handler = _signal.signal(self.signum, self._on_signal)
+        self._handler_installed = True
         return True
 
     def _on_signal(self, signum: int, frame: object) -> None:
@@ -548,9 +550,17 @@ class Reporter:
                     path=os.path.abspath(os.fspath(path)))
 
     def finished(self, *, step: int | None = None, samples: int | None = None) -> None:
-        """Write the ``finished`` event: the job reached its target and ends now."""
+        """Write the ``finished`` event: the job reached its target and ends now.
+
+        From here on the checkpoint signal is ignored (if this reporter caught it): a
+        request that arrives while the process exits would otherwise kill it once
+        Python has restored the signal's default action, and a job that completed
+        would end FAILED with status 128 + signal.
+        """
         self._write("finished", self.step if step is None else step,
                     self.samples if samples is None else samples)
+        if self._handler_installed and threading.current_thread() is threading.main_thread():
+            _signal.signal(self.signum, _signal.SIG_IGN)
 
     @staticmethod
     def _check_batch(batch_size: object) -> int:

@@ -286,3 +286,22 @@ def test_wait_for_requeue_without_a_requeue_lets_training_go_on(tmp_path):
     assert rep.checkpoint_requested
     rep.wait_for_requeue(0.01)
     assert not rep.checkpoint_requested
+
+
+def test_finished_ignores_a_late_checkpoint_signal(tmp_path):
+    # A checkpoint request that reaches a job while it exits must not kill it (Python
+    # restores the default action, "terminate", during its shutdown): after finished()
+    # the signal is ignored. A subprocess, so that this process keeps its handlers.
+    code = (
+        "import os, signal, sys\n"
+        "from malleable.progress.reporter import Reporter\n"
+        f"rep = Reporter('7', {str(tmp_path)!r})\n"
+        "rep.started(0, 0, batch_size=8)\n"
+        "rep.finished(step=1, samples=8)\n"
+        "assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "sys.exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [x["event"] for x in lines(tmp_path / "7.jsonl")] == ["started", "finished"]
