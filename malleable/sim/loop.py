@@ -98,7 +98,11 @@ class SimOptions:
         report_interval_s: seconds between a training job's progress lines.
         max_time_s: stop at this virtual time even if jobs are left.
         requeue_delay_s: Slurm's begin-time delay after a requeue.
+        backfill_interval_s: Slurm's ``bf_interval`` (`SimSlurm`; 0: backfill at
+            every scheduler pass, the default).
         skip_idle: skip scheduled cycles that cannot change anything (module docstring).
+        dry_run: the daemon plans and records but changes nothing in Slurm (as
+            ``malleable daemon --dry-run``): plain Slurm, observed.
     """
 
     nodes: int = 16
@@ -109,7 +113,9 @@ class SimOptions:
     report_interval_s: float = 30.0
     max_time_s: float = DEFAULT_MAX_TIME_S
     requeue_delay_s: float = 121.0
+    backfill_interval_s: float = 0.0
     skip_idle: bool = True
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node"):
@@ -289,7 +295,8 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
     spool.mkdir(parents=True, exist_ok=True)
     engine = Engine()
     slurm = SimSlurm(engine, options.nodes, options.gpus_per_node,
-                     requeue_delay_s=options.requeue_delay_s)
+                     requeue_delay_s=options.requeue_delay_s,
+                     backfill_interval_s=options.backfill_interval_s)
     total = slurm.total_gpus
     by_name = {p.trace.name: p for p in prepared}
 
@@ -314,7 +321,8 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
     db_engine, sessions = open_state_store(db_url)
     try:
         daemon = Daemon(slurm=slurm, sessions=sessions, clock=engine.datetime_at,
-                        spool_dir=str(spool), config=config, seed=options.seed)
+                        spool_dir=str(spool), config=config, seed=options.seed,
+                        dry_run=options.dry_run)
         stats = CycleStats()
         n_jobs = len(prepared)
 

@@ -12,7 +12,8 @@ recipes: spec, initial size, batch size) through the simulator's daemon loop
   (`CompressedProfile`); its statistical efficiency and target are the
   profile's, as for the emulator;
 * the daemon's configuration is the cluster daemon's (same intervals, policy and
-  limits, on the same compressed clock);
+  limits, on the same compressed clock), and Slurm's backfill runs every
+  ``bf_interval`` (30 s) as on the cluster, where it is not compressed;
 * the restart cost is what was measured on the cluster (``restart_cost_s``:
   the seconds a requeued job takes from being started again to training, i.e.
   process start and checkpoint load), charged at every start as the simulated
@@ -121,6 +122,7 @@ def prepare_replay(recipes: Sequence[ReplayJob], *, speedup: float, restart_cost
 def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: float,
                    nodes: int, gpus_per_node: int, restart_cost_s: float, seed: int = 0,
                    report_interval_s: float | None = None,
+                   backfill_interval_s: float = 30.0, dry_run: bool = False,
                    workdir: str | os.PathLike | None = None) -> SimResult:
     """Simulate the replay of ``recipes`` on a cluster of ``nodes`` x ``gpus_per_node``
     GPUs run by a daemon configured as ``config`` (module docstring).
@@ -132,6 +134,9 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
         seed: the policy's seed.
         report_interval_s: seconds between a job's progress lines on the compressed
             clock (default: the emulator's 30 emulated seconds, i.e. 30 / speedup).
+        backfill_interval_s: the cluster's Slurm ``bf_interval`` (default 30 s, Slurm's
+            default and the harness's): real seconds, not compressed.
+        dry_run: the cluster's daemon ran with ``--dry-run`` (plain Slurm, observed).
         workdir: where the run's spool goes (default: a temporary directory).
 
     Returns:
@@ -146,5 +151,6 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
     # Slurm on the cluster starts a requeued job as soon as the daemon clears its
     # begin-time delay; the simulated Slurm does the same through the same call.
     options = SimOptions(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed,
-                         report_interval_s=interval)
+                         report_interval_s=interval, backfill_interval_s=backfill_interval_s,
+                         dry_run=dry_run)
     return run_prepared(prepared, config, options, workdir=workdir, follow_plan=True)

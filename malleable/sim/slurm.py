@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import math
 import os
 import pwd
 import re
@@ -281,6 +282,11 @@ class SimSlurm:
         requeue_delay_s: begin-time delay Slurm sets on a requeued job (121 s on 22.05).
         min_job_age_s: how long a finished job stays visible (MinJobAge).
         backfill: let later jobs start when the first blocked one cannot (greedy).
+        backfill_interval_s: 0 (default): backfill in every scheduler pass; > 0: as
+            Slurm's sched/backfill with ``bf_interval``, the passes after a change
+            stop at the first blocked job (Slurm's main scheduler) and a greedy
+            backfill pass runs every ``backfill_interval_s`` seconds of virtual time
+            (Slurm's default 30) while a job is blocked.
         placement: "first_fit" (node order) or "best_fit" (one-node jobs go to
             the fullest node that fits).
         second_shrink_fails: refuse a second shrink of the same run (22.05 bug).
@@ -310,8 +316,8 @@ class SimSlurm:
 
     def __init__(self, engine: Engine, nodes: int = 16, gpus_per_node: int = 4, *,
                  requeue_delay_s: float = 121.0, min_job_age_s: float = 300.0,
-                 backfill: bool = True, placement: str = "first_fit",
-                 second_shrink_fails: bool = True, sched_delay_s: float = 0.0,
+                 backfill: bool = True, backfill_interval_s: float = 0.0,
+                 placement: str = "first_fit", second_shrink_fails: bool = True, sched_delay_s: float = 0.0,
                  version: str = "22.05.8", partition: str = "gpu", first_job_id: int = 1,
                  job_factory: Callable[[SubmitRequest], SimProgram] | None = None,
                  uid: int | None = None, user: str | None = None):
@@ -320,7 +326,8 @@ class SimSlurm:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         for name, f in (("requeue_delay_s", requeue_delay_s), ("min_job_age_s", min_job_age_s),
-                        ("sched_delay_s", sched_delay_s)):
+                        ("sched_delay_s", sched_delay_s),
+                        ("backfill_interval_s", backfill_interval_s)):
             if not (isinstance(f, (int, float)) and f >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {f!r}")
         if placement not in ("first_fit", "best_fit"):
@@ -334,6 +341,9 @@ class SimSlurm:
         self.requeue_delay_s = float(requeue_delay_s)
         self.min_job_age_s = float(min_job_age_s)
         self.backfill = backfill
+        self.backfill_interval_s = float(backfill_interval_s)
+        self._backfilling = False            # inside a periodic backfill pass
+        self._backfill_at: float | None = None
         self.best_fit = placement == "best_fit"
         self.second_shrink_fails = second_shrink_fails
         self.sched_delay_s = float(sched_delay_s)
@@ -805,6 +815,9 @@ class SimSlurm:
                 blocked = True
                 if not self.backfill:
                     break
+                if self.backfill_interval_s > 0 and not self._backfilling:
+                    self._schedule_backfill(now)
+                    break
                 continue
             heapq.heappop(self._ready[shape])
             job.queued = None
@@ -818,6 +831,25 @@ class SimSlurm:
             if self._wakeup_at is None or nxt < self._wakeup_at:
                 self._wakeup_at = nxt
                 self.engine.schedule(nxt, self._wakeup, nxt, priority=PRIORITY_LATE)
+
+    def _schedule_backfill(self, now: float) -> None:
+        """Schedule the next periodic backfill pass (every ``backfill_interval_s``)."""
+        if self._backfill_at is not None and self._backfill_at > now:
+            return
+        i = self.backfill_interval_s
+        self._backfill_at = (math.floor(now / i) + 1) * i
+        self.engine.schedule(self._backfill_at, self._backfill_pass, priority=PRIORITY_LATE)
+
+    def _backfill_pass(self) -> None:
+        """Slurm's sched/backfill cycle: one greedy pass."""
+        self._backfill_at = None
+        self._backfilling = True
+        try:
+            self._schedule_pass()
+        finally:
+            self._backfilling = False
+        if any(self._ready.values()):
+            self._schedule_backfill(self.engine.now)
 
     def _wakeup(self, at: float) -> None:
         """A begin time has come: run a pass (only the latest-scheduled wake-up counts)."""

@@ -98,6 +98,24 @@ def test_fifo_blocks_without_backfill_and_backfill_starts_a_smaller_job():
             assert s.job(small).reason == "Priority"
 
 
+def test_backfill_interval_starts_a_smaller_job_at_the_next_backfill_cycle():
+    # Slurm's main scheduler stops at the first blocked job; sched/backfill starts the
+    # smaller one at its next cycle (bf_interval, here 30 s), not at once.
+    eng = Engine()
+    s = SimSlurm(eng, nodes=2, gpus_per_node=4, backfill_interval_s=30.0)
+    s.submit_sim(req(1, 4), Recorder())                 # takes node1
+    eng.run(until=5.0)
+    big = s.submit_sim(req(2, 4), Recorder())            # blocked
+    small = s.submit_sim(req(1, 2), Recorder())          # fits on node2
+    eng.run(until=29.0)
+    assert s.job(big).reason == "Resources" and s.job(small).state == JobState.PENDING
+    eng.run(until=30.0)
+    assert s.job(small).state == JobState.RUNNING and s.job(big).state == JobState.PENDING
+    assert s.job(small).start_time == eng.datetime_at(30.0)
+    with pytest.raises(ValueError, match="backfill_interval_s"):
+        SimSlurm(Engine(), nodes=1, gpus_per_node=1, backfill_interval_s=-1.0)
+
+
 def test_best_fit_puts_a_one_node_job_on_the_fullest_node_that_fits():
     eng = Engine()
     s = SimSlurm(eng, nodes=3, gpus_per_node=4, placement="best_fit")
