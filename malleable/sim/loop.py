@@ -100,6 +100,8 @@ class SimOptions:
         requeue_delay_s: Slurm's begin-time delay after a requeue.
         backfill_interval_s: Slurm's ``bf_interval`` (`SimSlurm`; 0: backfill at
             every scheduler pass, the default).
+        requeue_latency_s: least seconds from a requeue to the job's next start
+            (`SimSlurm`; default 0).
         skip_idle: skip scheduled cycles that cannot change anything (module docstring).
         dry_run: the daemon plans and records but changes nothing in Slurm (as
             ``malleable daemon --dry-run``): plain Slurm, observed.
@@ -114,6 +116,7 @@ class SimOptions:
     max_time_s: float = DEFAULT_MAX_TIME_S
     requeue_delay_s: float = 121.0
     backfill_interval_s: float = 0.0
+    requeue_latency_s: float = 0.0
     skip_idle: bool = True
     dry_run: bool = False
 
@@ -296,7 +299,8 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
     engine = Engine()
     slurm = SimSlurm(engine, options.nodes, options.gpus_per_node,
                      requeue_delay_s=options.requeue_delay_s,
-                     backfill_interval_s=options.backfill_interval_s)
+                     backfill_interval_s=options.backfill_interval_s,
+                     requeue_latency_s=options.requeue_latency_s)
     total = slurm.total_gpus
     by_name = {p.trace.name: p for p in prepared}
 

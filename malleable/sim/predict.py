@@ -17,7 +17,10 @@ recipes: spec, initial size, batch size) through the simulator's daemon loop
 * the restart cost is what was measured on the cluster (``restart_cost_s``:
   the seconds a requeued job takes from being started again to training, i.e.
   process start and checkpoint load), charged at every start as the simulated
-  jobs do (`malleable.sim.jobs`), with a tenth of it as the save;
+  jobs do (`malleable.sim.jobs`), with a tenth of it as the save; and what a
+  checkpoint-requeue took beyond that on the cluster (``requeue_latency_s``:
+  Slurm's requeue and start, the daemon's calls between its polls) delays the
+  requeued job's next start;
 * a job tunes its batch size itself at every start and epoch when its recipe
   says so (``adaptive_batch``: the profile's goodput-optimal batch, as the
   emulator's ``--adaptive-batch``); otherwise it takes the batch size of the
@@ -123,6 +126,7 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
                    nodes: int, gpus_per_node: int, restart_cost_s: float, seed: int = 0,
                    report_interval_s: float | None = None,
                    backfill_interval_s: float = 30.0, dry_run: bool = False,
+                   requeue_latency_s: float = 0.0,
                    workdir: str | os.PathLike | None = None) -> SimResult:
     """Simulate the replay of ``recipes`` on a cluster of ``nodes`` x ``gpus_per_node``
     GPUs run by a daemon configured as ``config`` (module docstring).
@@ -137,6 +141,9 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
         backfill_interval_s: the cluster's Slurm ``bf_interval`` (default 30 s, Slurm's
             default and the harness's): real seconds, not compressed.
         dry_run: the cluster's daemon ran with ``--dry-run`` (plain Slurm, observed).
+        requeue_latency_s: seconds a checkpoint-requeue took on the cluster beyond
+            the job's start-up and the wait for the daemon's next poll (Slurm's
+            requeue and the daemon's calls; `SimSlurm`'s ``requeue_latency_s``).
         workdir: where the run's spool goes (default: a temporary directory).
 
     Returns:
@@ -152,5 +159,5 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
     # begin-time delay; the simulated Slurm does the same through the same call.
     options = SimOptions(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed,
                          report_interval_s=interval, backfill_interval_s=backfill_interval_s,
-                         dry_run=dry_run)
+                         dry_run=dry_run, requeue_latency_s=requeue_latency_s)
     return run_prepared(prepared, config, options, workdir=workdir, follow_plan=True)

@@ -229,7 +229,7 @@ class _Job:
                  "first_submit", "begin_time", "start_time", "first_start", "end_time",
                  "restart_count", "alloc", "shrinks", "program", "run", "gpu_seconds",
                  "alloc_since", "max_gpus", "partition_reason", "queued", "ready_pass",
-                 "alloc_ver", "cached")
+                 "alloc_ver", "cached", "requeued_at")
 
     def __init__(self, jid: int, request: SubmitRequest, program: SimProgram, now: float,
                  partition: str):
@@ -248,6 +248,7 @@ class _Job:
         self.submit_time = now
         self.first_submit = now
         self.begin_time = now
+        self.requeued_at = -math.inf
         self.start_time: float | None = None
         self.first_start: float | None = None
         self.end_time: float | None = None
@@ -282,6 +283,9 @@ class SimSlurm:
         requeue_delay_s: begin-time delay Slurm sets on a requeued job (121 s on 22.05).
         min_job_age_s: how long a finished job stays visible (MinJobAge).
         backfill: let later jobs start when the first blocked one cannot (greedy).
+        requeue_latency_s: a requeued job cannot start sooner than this after its
+            requeue, even when its begin time is cleared (what a real controller
+            and the daemon's RPCs add to a checkpoint-requeue; default 0).
         backfill_interval_s: 0 (default): backfill in every scheduler pass; > 0: as
             Slurm's sched/backfill with ``bf_interval``, the passes after a change
             stop at the first blocked job (Slurm's main scheduler) and a greedy
@@ -316,6 +320,7 @@ class SimSlurm:
 
     def __init__(self, engine: Engine, nodes: int = 16, gpus_per_node: int = 4, *,
                  requeue_delay_s: float = 121.0, min_job_age_s: float = 300.0,
+                 requeue_latency_s: float = 0.0,
                  backfill: bool = True, backfill_interval_s: float = 0.0,
                  placement: str = "first_fit", second_shrink_fails: bool = True, sched_delay_s: float = 0.0,
                  version: str = "22.05.8", partition: str = "gpu", first_job_id: int = 1,
@@ -327,7 +332,8 @@ class SimSlurm:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         for name, f in (("requeue_delay_s", requeue_delay_s), ("min_job_age_s", min_job_age_s),
                         ("sched_delay_s", sched_delay_s),
-                        ("backfill_interval_s", backfill_interval_s)):
+                        ("backfill_interval_s", backfill_interval_s),
+                        ("requeue_latency_s", requeue_latency_s)):
             if not (isinstance(f, (int, float)) and f >= 0):
                 raise ValueError(f"{name} must be a number >= 0, got {f!r}")
         if placement not in ("first_fit", "best_fit"):
@@ -342,6 +348,7 @@ class SimSlurm:
         self.min_job_age_s = float(min_job_age_s)
         self.backfill = backfill
         self.backfill_interval_s = float(backfill_interval_s)
+        self.requeue_latency_s = float(requeue_latency_s)
         self._backfilling = False            # inside a periodic backfill pass
         self._backfill_at: float | None = None
         self.best_fit = placement == "best_fit"
@@ -538,6 +545,7 @@ class SimSlurm:
         job.restart_count += 1
         job.submit_time = now
         job.begin_time = now + self.requeue_delay_s
+        job.requeued_at = now
         job.start_time = None
         self._changed(job)
 
@@ -546,7 +554,8 @@ class SimSlurm:
         job = self._get(job_id)
         if job.state != JobState.PENDING:
             self._reject(job, MSG_NOT_PENDING)
-        job.begin_time = min(job.begin_time, self.engine.now)
+        job.begin_time = min(job.begin_time,
+                             max(self.engine.now, job.requeued_at + self.requeue_latency_s))
         self._changed(job)
 
     def signal(self, job_id: str, signal: str, target: SignalTarget = SignalTarget.BATCH) -> None:

@@ -116,6 +116,20 @@ def test_backfill_interval_starts_a_smaller_job_at_the_next_backfill_cycle():
         SimSlurm(Engine(), nodes=1, gpus_per_node=1, backfill_interval_s=-1.0)
 
 
+def test_requeue_latency_delays_the_restart_even_after_start_now():
+    eng = Engine()
+    s = SimSlurm(eng, nodes=1, gpus_per_node=4, requeue_latency_s=4.0)
+    jid = s.submit_sim(req(1, 4), Recorder())
+    eng.run(until=10.0)
+    s.requeue_hold(jid)
+    s.start_now(jid)
+    s.release(jid)
+    eng.run(until=13.9)
+    assert s.job(jid).state == JobState.PENDING
+    eng.run(until=14.0)
+    assert s.job(jid).state == JobState.RUNNING and s.job(jid).restart_count == 1
+
+
 def test_best_fit_puts_a_one_node_job_on_the_fullest_node_that_fits():
     eng = Engine()
     s = SimSlurm(eng, nodes=3, gpus_per_node=4, placement="best_fit")
