@@ -102,6 +102,8 @@ class SimOptions:
             every scheduler pass, the default).
         requeue_latency_s: least seconds from a requeue to the job's next start
             (`SimSlurm`; default 0).
+        sched_delay_s: seconds from a change (a submission, a job's end, a
+            release) to Slurm's scheduler pass (`SimSlurm`; default 0).
         skip_idle: skip scheduled cycles that cannot change anything (module docstring).
         dry_run: the daemon plans and records but changes nothing in Slurm (as
             ``malleable daemon --dry-run``): plain Slurm, observed.
@@ -117,6 +119,7 @@ class SimOptions:
     requeue_delay_s: float = 121.0
     backfill_interval_s: float = 0.0
     requeue_latency_s: float = 0.0
+    sched_delay_s: float = 0.0
     skip_idle: bool = True
     dry_run: bool = False
 
@@ -300,7 +303,8 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
     slurm = SimSlurm(engine, options.nodes, options.gpus_per_node,
                      requeue_delay_s=options.requeue_delay_s,
                      backfill_interval_s=options.backfill_interval_s,
-                     requeue_latency_s=options.requeue_latency_s)
+                     requeue_latency_s=options.requeue_latency_s,
+                     sched_delay_s=options.sched_delay_s)
     total = slurm.total_gpus
     by_name = {p.trace.name: p for p in prepared}
 

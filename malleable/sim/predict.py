@@ -126,7 +126,7 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
                    nodes: int, gpus_per_node: int, restart_cost_s: float, seed: int = 0,
                    report_interval_s: float | None = None,
                    backfill_interval_s: float = 30.0, dry_run: bool = False,
-                   requeue_latency_s: float = 0.0,
+                   requeue_latency_s: float = 0.0, sched_delay_s: float = 0.0,
                    workdir: str | os.PathLike | None = None) -> SimResult:
     """Simulate the replay of ``recipes`` on a cluster of ``nodes`` x ``gpus_per_node``
     GPUs run by a daemon configured as ``config`` (module docstring).
@@ -144,6 +144,8 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
         requeue_latency_s: seconds a checkpoint-requeue took on the cluster beyond
             the job's start-up and the wait for the daemon's next poll (Slurm's
             requeue and the daemon's calls; `SimSlurm`'s ``requeue_latency_s``).
+        sched_delay_s: seconds the cluster's Slurm took from a submission (or any
+            change) to starting a job that fits (`SimSlurm`'s ``sched_delay_s``).
         workdir: where the run's spool goes (default: a temporary directory).
 
     Returns:
@@ -159,5 +161,6 @@ def predict_replay(recipes: Sequence[ReplayJob], config: Config, *, speedup: flo
     # begin-time delay; the simulated Slurm does the same through the same call.
     options = SimOptions(nodes=nodes, gpus_per_node=gpus_per_node, seed=seed,
                          report_interval_s=interval, backfill_interval_s=backfill_interval_s,
-                         dry_run=dry_run, requeue_latency_s=requeue_latency_s)
+                         dry_run=dry_run, requeue_latency_s=requeue_latency_s,
+                         sched_delay_s=sched_delay_s)
     return run_prepared(prepared, config, options, workdir=workdir, follow_plan=True)
