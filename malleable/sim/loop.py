@@ -44,7 +44,21 @@ the same decisions with and without it):
   action is in flight and the daemon is not paused: the decide cycle polls,
   ingests and drives again at the same virtual time with the same Slurm state,
   so the poll cycle's rows, events and samples would be written by it, with
-  the same times and values.
+  the same times and values;
+* a scheduled ``poll_cycle`` between decide cycles, when no action is in
+  flight, the daemon is not paused, and Slurm would report exactly what the
+  daemon's last poll saw (`SimSlurm.unchanged_since`: no job started, ended,
+  changed size, state, reason or hold): it would write no job event; the
+  progress lines it would ingest are ingested by the next cycle that runs
+  (at the latest the next decide cycle, before anything reads them) with the
+  same times and values, as samples and events carry the times their lines
+  state; and with no action in flight its drive has nothing to advance. The
+  one value it would change is each running job's attained service, which
+  the next poll adds up in one step instead of two; with whole-second
+  intervals both sums are exact (whole seconds times whole GPUs), so this
+  skip is used only when the poll and decide intervals are whole seconds;
+* likewise a scheduled ``ingest`` when no action is in flight and the daemon
+  is not paused (its lines are ingested by the next cycle that runs).
 """
 
 from __future__ import annotations
@@ -301,9 +315,17 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
                         spool_dir=str(spool), config=config, seed=options.seed)
         stats = CycleStats()
         n_jobs = len(prepared)
+        d = config.daemon
+
+        whole = all(float(p).is_integer() for p in (d.poll_interval_s, d.decide_interval_s))
 
         def poll() -> None:
             if options.skip_idle and clock.due_now("decide") and _idle(sessions):
+                stats.skipped_polls += 1
+                return
+            if options.skip_idle and whole and daemon.poll_ok \
+                    and slurm.unchanged_since(list(daemon.observed.values())) \
+                    and _idle(sessions):
                 stats.skipped_polls += 1
                 return
             stats.polls += 1
@@ -311,7 +333,8 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
             written[1] = written[0]
 
         def ingest() -> None:
-            if options.skip_idle and (written[1] == written[0] or clock.due_now("decide")):
+            if options.skip_idle and (written[1] == written[0] or clock.due_now("decide")
+                                      or _idle(sessions)):
                 stats.skipped_ingests += 1
                 return
             stats.ingests += 1
@@ -334,7 +357,6 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
             poll()
             daemon.refresh_nodes(engine.datetime_at(), force=True)
 
-        d = config.daemon
         clock = _ServiceClock(
             engine, {"poll": d.poll_interval_s, "ingest": d.ingest_interval_s,
                      "decide": d.decide_interval_s,
