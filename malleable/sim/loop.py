@@ -318,31 +318,39 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
         d = config.daemon
 
         whole = all(float(p).is_integer() for p in (d.poll_interval_s, d.decide_interval_s))
+        idle_at: list = [None, False]    # (virtual s, `_idle`) until a cycle runs
+
+        def idle() -> bool:
+            if idle_at[0] != engine.now:
+                idle_at[:] = [engine.now, _idle(sessions)]
+            return idle_at[1]
 
         def poll() -> None:
-            if options.skip_idle and clock.due_now("decide") and _idle(sessions):
-                stats.skipped_polls += 1
-                return
-            if options.skip_idle and whole and daemon.poll_ok \
-                    and slurm.unchanged_since(list(daemon.observed.values())) \
-                    and _idle(sessions):
+            if options.skip_idle and (
+                    clock.due_now("decide")
+                    or (whole and daemon.poll_ok
+                        and slurm.unchanged_since(list(daemon.observed.values())))) \
+                    and idle():
                 stats.skipped_polls += 1
                 return
             stats.polls += 1
+            idle_at[0] = None
             stats.timed("poll", daemon.poll_cycle)
             written[1] = written[0]
 
         def ingest() -> None:
             if options.skip_idle and (written[1] == written[0] or clock.due_now("decide")
-                                      or _idle(sessions)):
+                                      or idle()):
                 stats.skipped_ingests += 1
                 return
             stats.ingests += 1
+            idle_at[0] = None
             stats.timed("ingest", lambda: daemon.ingest(engine.datetime_at()))
             written[1] = written[0]
 
         def decide() -> None:
             stats.decides += 1
+            idle_at[0] = None
             stats.timed("decide", daemon.decide_cycle)
             written[1] = written[0]
             if progress is not None:
@@ -350,6 +358,7 @@ def _run(jobs: Sequence[TraceJob], config: Config, options: SimOptions, workdir:
 
         def housekeeping() -> None:
             stats.housekeeping += 1
+            idle_at[0] = None
             stats.timed("housekeeping", lambda: apply_retention(
                 db_engine, config.retention, now=engine.datetime_at()))
 
