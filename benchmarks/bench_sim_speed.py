@@ -10,7 +10,7 @@ figures are per run):
 2. The Philly list's busiest 2-week window on 64 GPUs (target: under 10
    minutes; stopped after ``--philly-limit`` seconds, default 900, and then
    reported as how far it got). Definition (`malleable.sim.workloads.busiest_fitting_window`):
-   the whole list after Pollux's filters asks for about 7 times what 64 GPUs
+   the whole list after Pollux's filters asks for about 9.5 times what 64 GPUs
    can serve in its busiest two weeks, so a run of it measures an ever-growing
    queue, not a cluster. Instead: among the 2-week windows of arrivals of each
    Philly virtual cluster (a tenant's own stream of jobs), the one whose
