@@ -26,12 +26,20 @@ Everything else is the daemon's default configuration (poll every 30 s).
 
 Usage:
   python benchmarks/bench_sim_fidelity.py [--out DIR] [--jobs N] [--reuse]
-      [--policies pollux,las,optimus,static] [--workloads DIR] [--what-if-gns-half-life S]
+      [--reuse-base] [--policies pollux,las,optimus,static] [--workloads DIR]
+      [--what-if-gns-half-life S]
+      [--what-if-poll-interval S]
   --reuse   build the table from the runs already in DIR (no simulation)
+  --reuse-base
+            take the policies' runs from DIR, run only the what-if columns
   --what-if-gns-half-life S
             also run ``pollux`` with the estimators' gradient-noise half-life at S
             seconds instead of its default (EstimatorConfig.gns_half_life_s, 600 s),
             a diagnostic column: not the daemon's configuration
+  --what-if-poll-interval S
+            also run ``pollux`` with the daemon polling and ingesting every S seconds
+            (default 30 s): a shorter wait from a job's checkpoint to its requeue;
+            a diagnostic column
 """
 
 from __future__ import annotations
@@ -70,11 +78,18 @@ CONFIG = {"policy": {"min_gain": 0.0, "cooldown_s": 0.0},
 PARAMS = {"pollux": {"starve_s": 1e12}, "las": {"starve_s": 1e12}}
 
 
-def specs(workloads: list[Path], policies: list[str], out: Path) -> list[RunSpec]:
+def specs(workloads: list[Path], policies: list[str], out: Path,
+          config: dict | None = None) -> list[RunSpec]:
     return [RunSpec(workload=str(w), name=w.stem, policy=p, seed=0, out_dir=str(out),
                     fmt="pollux", params=PARAMS.get(p), restart_cost_s=30.0, interval_s=60.0,
-                    config=CONFIG, plots=False)
+                    config=CONFIG if config is None else config, plots=False)
             for w in workloads for p in policies]
+
+
+def poll_config(poll_s: float) -> dict:
+    """`CONFIG` with the daemon polling (and ingesting) every ``poll_s`` seconds."""
+    return {**CONFIG, "daemon": {**CONFIG["daemon"], "poll_interval_s": poll_s,
+                                 "ingest_interval_s": poll_s}}
 
 
 def what_if_gns(workloads: list[Path], out: Path, half_life_s: float) -> list[dict]:
@@ -239,16 +254,18 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/malleable-fidelity")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--reuse", action="store_true")
+    ap.add_argument("--reuse-base", action="store_true")
     ap.add_argument("--policies", default="pollux,las,optimus,static")
     ap.add_argument("--workloads", default=str(ROOT / "malleable/sim/data/pollux/workloads"))
     ap.add_argument("--table", default=str(ROOT / "benchmarks/results/sim_fidelity.md"))
     ap.add_argument("--what-if-gns-half-life", type=float, default=None)
+    ap.add_argument("--what-if-poll-interval", type=float, default=None)
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     out = Path(args.out)
     wl = sorted(Path(args.workloads).glob("workload-*.csv"),
                 key=lambda p: (len(p.stem), p.stem))
-    if not args.reuse:
+    if not (args.reuse or args.reuse_base):
         t0 = time.perf_counter()
 
         def progress(i: int, done: int, total: int, now: float) -> None:
@@ -275,6 +292,22 @@ def main() -> int:
                  f"{args.what_if_gns_half_life:g} s, to measure how much of the difference "
                  "comes from the estimate of the gradient noise scale (docs/simulator.md, "
                  "\"Fidelity\"). A diagnostic, not the daemon's configuration."]
+    if args.what_if_poll_interval is not None:
+        poll_s = args.what_if_poll_interval
+        name = f"pollux (poll every {poll_s:g} s)"
+        wout = out / f"what-if-poll-{poll_s:g}"
+        if not args.reuse:
+            run_sweep(specs(wl, ["pollux"], wout, poll_config(poll_s)), jobs=args.jobs)
+        for r in collect(wout):
+            r["summary"]["policy"] = name
+            runs.append(r)
+        columns.insert(1, name)
+        extra += ["", f"`{name}`: the same pollux runs with the daemon polling and ingesting "
+                  f"every {poll_s:g} s instead of 30 s (`daemon.poll_interval_s`, "
+                  "`daemon.ingest_interval_s`), which cuts the wait between a job's "
+                  "`checkpointed` line and its requeue, to measure how much of the difference "
+                  "comes from the longer effective restart cost. A diagnostic, not the "
+                  "daemon's default configuration."]
     command = "python benchmarks/bench_sim_fidelity.py " + " ".join(sys.argv[1:])
     text = table(runs, columns, command.strip())
     text += "\n".join(extra + [""] + per_model(out, policies) + ["", NOTES])

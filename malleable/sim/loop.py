@@ -44,7 +44,21 @@ the same decisions with and without it):
   action is in flight and the daemon is not paused: the decide cycle polls,
   ingests and drives again at the same virtual time with the same Slurm state,
   so the poll cycle's rows, events and samples would be written by it, with
-  the same times and values.
+  the same times and values;
+* a scheduled ``poll_cycle`` between decide cycles, when no action is in
+  flight, the daemon is not paused, and Slurm would report exactly what the
+  daemon's last poll saw (`SimSlurm.unchanged_since`: no job started, ended,
+  changed size, state, reason or hold): it would write no job event; the
+  progress lines it would ingest are ingested by the next cycle that runs
+  (at the latest the next decide cycle, before anything reads them) with the
+  same times and values, as samples and events carry the times their lines
+  state; and with no action in flight its drive has nothing to advance. The
+  one value it would change is each running job's attained service, which
+  the next poll adds up in one step instead of two; with whole-second
+  intervals both sums are exact (whole seconds times whole GPUs), so this
+  skip is used only when the poll and decide intervals are whole seconds;
+* likewise a scheduled ``ingest`` when no action is in flight and the daemon
+  is not paused (its lines are ingested by the next cycle that runs).
 """
 
 from __future__ import annotations
@@ -333,25 +347,42 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
                         dry_run=options.dry_run)
         stats = CycleStats()
         n_jobs = len(prepared)
+        d = config.daemon
+
+        whole = all(float(p).is_integer() for p in (d.poll_interval_s, d.decide_interval_s))
+        idle_at: list = [None, False]    # (virtual s, `_idle`) until a cycle runs
+
+        def idle() -> bool:
+            if idle_at[0] != engine.now:
+                idle_at[:] = [engine.now, _idle(sessions)]
+            return idle_at[1]
 
         def poll() -> None:
-            if options.skip_idle and clock.due_now("decide") and _idle(sessions):
+            if options.skip_idle and (
+                    clock.due_now("decide")
+                    or (whole and daemon.poll_ok
+                        and slurm.unchanged_since(list(daemon.observed.values())))) \
+                    and idle():
                 stats.skipped_polls += 1
                 return
             stats.polls += 1
+            idle_at[0] = None
             stats.timed("poll", daemon.poll_cycle)
             written[1] = written[0]
 
         def ingest() -> None:
-            if options.skip_idle and (written[1] == written[0] or clock.due_now("decide")):
+            if options.skip_idle and (written[1] == written[0] or clock.due_now("decide")
+                                      or idle()):
                 stats.skipped_ingests += 1
                 return
             stats.ingests += 1
+            idle_at[0] = None
             stats.timed("ingest", lambda: daemon.ingest(engine.datetime_at()))
             written[1] = written[0]
 
         def decide() -> None:
             stats.decides += 1
+            idle_at[0] = None
             stats.timed("decide", daemon.decide_cycle)
             written[1] = written[0]
             if progress is not None:
@@ -359,6 +390,7 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
 
         def housekeeping() -> None:
             stats.housekeeping += 1
+            idle_at[0] = None
             stats.timed("housekeeping", lambda: apply_retention(
                 db_engine, config.retention, now=engine.datetime_at()))
 
@@ -366,7 +398,6 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
             poll()
             daemon.refresh_nodes(engine.datetime_at(), force=True)
 
-        d = config.daemon
         clock = _ServiceClock(
             engine, {"poll": d.poll_interval_s, "ingest": d.ingest_interval_s,
                      "decide": d.decide_interval_s,

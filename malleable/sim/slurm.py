@@ -64,7 +64,7 @@ import math
 import os
 import pwd
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -386,6 +386,16 @@ class SimSlurm:
         self.rpc_count += 1
         self._purge()
         return [self._record(j) for j in self._visible.values()]
+
+    def unchanged_since(self, records: Sequence[SlurmJob]) -> bool:
+        """Whether a poll now (`jobs`) would return exactly ``records``: the same
+        record objects in the same order (a record is rebuilt whenever anything it
+        shows changes). Not an RPC: the simulator's own view, for skipping cycles."""
+        self._purge()
+        if len(records) != len(self._visible):
+            return False
+        return all(self._record(j) is r for j, r in zip(self._visible.values(), records,
+                                                         strict=True))
 
     def job(self, job_id: str) -> SlurmJob | None:
         """One job, or None if unknown (or forgotten after MinJobAge). Raises InvalidJobId."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
+from malleable.progress.lines import ProgressRecord, parse_line
 from malleable.sim.engine import Engine
 from malleable.sim.jobs import (
     ProfileJob,
@@ -197,6 +199,35 @@ def test_adaptive_batch_uses_the_goodput_optimal_batch(tmp_path):
     eng.run()
     eng2.run()
     assert job.finished_at < fixed.finished_at   # adapting the batch is faster than m0 on 8 GPUs
+
+
+@pytest.mark.parametrize("batch, adaptive", [(None, False), (384, False), (None, True)])
+def test_a_checkpoint_signal_before_training_starts_writes_a_line_the_parser_accepts(
+        tmp_path, batch, adaptive):
+    # Signalled while resuming (before its first step), a job has no current batch yet;
+    # its checkpointed line carries the batch it is about to train at, never 0.
+    prof = load_profile("cifar10")
+    eng = Engine()
+    s = SimSlurm(eng, nodes=1, gpus_per_node=4)
+    job = ProfileJob(prof, spool_dir=tmp_path, batch=batch, adaptive_batch=adaptive)
+    jid = submit(s, job, 1, 2)
+    eng.run(until=1.0)
+    assert job.phase == "resuming" and job.current_batch == 0
+    s.signal(jid, "USR1", SignalTarget.BATCH)
+    eng.run(until=1.0 + job.save_s + 0.01)
+    assert job.phase == "checkpointed"
+    s.signal(jid, "USR1", SignalTarget.BATCH)      # again while checkpointed: the line again
+    eng.run(until=2.0 + job.save_s)
+    raw = progress_path(tmp_path, jid).read_bytes().splitlines()
+    assert len(raw) == 2
+    if adaptive:
+        expected = prof.best_batch((2,), 0.0)
+    else:
+        expected = math.ceil((batch or prof.default_batch(2)) / 2) * 2
+    for line in raw:
+        rec = parse_line(line, now=eng.time() + 1.0, job_id=jid)
+        assert isinstance(rec, ProgressRecord), rec
+        assert (rec.event, rec.batch, rec.gpus, rec.step) == ("checkpointed", expected, 2, 0)
 
 
 def test_set_batch_applies_from_the_next_start_and_bad_arguments_are_refused():

@@ -456,3 +456,28 @@ def test_many_pending_jobs_start_in_submit_order_without_backfill():
     assert starts == sorted(starts)              # strict FIFO: never overtaken
     assert starts[-1] > starts[0]
     assert all(a.state == JobState.COMPLETED for a in acct.values()) and s.used_gpus == 0
+
+
+def test_unchanged_since_tells_whether_a_poll_would_return_the_same_records(sim):
+    eng, s = sim
+    first = Recorder()
+    s.submit_sim(req(4, 4), first)
+    waiting = s.submit_sim(req(1, 4), Recorder())     # pends: the cluster is full
+    eng.run(until=10.0)
+    rpc = s.rpc_count
+    seen = s.jobs()
+    assert [j.state for j in seen] == [JobState.RUNNING, JobState.PENDING]
+    eng.run(until=20.0)
+    assert s.unchanged_since(seen)                      # nothing happened
+    assert s.rpc_count == rpc + 1                       # only the poll was an RPC
+    assert not s.unchanged_since(seen[:1])              # a different job list
+    s.hold(waiting)
+    assert not s.unchanged_since(seen)                  # a hold changes the record
+    seen = s.jobs()
+    first.run.exit(JobState.COMPLETED)
+    eng.run(until=30.0)
+    assert not s.unchanged_since(seen)                  # a job ended
+    seen = s.jobs()
+    assert s.unchanged_since(seen)
+    eng.run(until=30.0 + 301.0)
+    assert not s.unchanged_since(seen)                  # forgotten after MinJobAge
