@@ -483,7 +483,7 @@ def write_report(report: Path, sides: list[Side], results: dict, timelines: dict
                     linestyle="--", label=f"simulator, {name}: avg {pred['avg_jct_s']:.0f} s")
     ax.set_xlabel("job completion time (s, on the compressed clock)")
     ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT of the trace jobs on the harness: malleable vs plain Slurm")
+    ax.set_title("JCT of the trace jobs on the harness: malleable vs static")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(report / "jct_cdf.png", dpi=120)
