@@ -301,6 +301,40 @@ def submit_torch_job(side: Side) -> None:
                             "model": "torch", "real": True})
 
 
+PROBE_SCRIPT = """#!/bin/sh
+# scripts/demo.py's probe: when did Slurm start me?
+date +%s.%N > "$PROBE_FILE"
+"""
+
+
+def probe_start_latency(side: Side, probes: int = 3) -> list[float]:
+    """Slurm's latency from a submission to the start of a job that fits, measured on
+    the empty cluster before the replay: seconds from submitting a 1-GPU rigid job
+    (the daemon leaves it alone) to its first command, ``probes`` times."""
+    from malleable.slurm.records import SubmitRequest
+
+    script = side.root / "probe.sh"
+    script.write_text(PROBE_SCRIPT)
+    script.chmod(0o755)
+    client = side.client()
+    out = []
+    for i in range(probes):
+        mark = side.root / f"probe-{i}.t"
+        t0 = time.time()
+        client.submit(SubmitRequest(script=str(script), nodes=1, gpus_per_node=1,
+                                    name="probe", requeue=False,
+                                    output=str(side.root / "probe.out"),
+                                    workdir=str(side.root), env=(("PROBE_FILE", str(mark)),)))
+        deadline = time.monotonic() + 60
+        while not mark.exists() or not mark.read_text().strip():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"side {side.name}: a probe job did not start in 60 s")
+            time.sleep(0.05)
+        out.append(float(mark.read_text()) - t0)
+        time.sleep(1.0)   # let it end before the next one
+    return out
+
+
 def show_status(sides: list[Side], expected: int) -> None:
     """The live view: one line per side, then `malleable status` of each side that still
     has jobs running or pending."""
@@ -333,13 +367,15 @@ def spool_lines(side: Side, job_id: str) -> list[dict]:
     return out
 
 
-def measured_startup(sides: list[Side]) -> dict:
+def measured_startup(sides: list[Side], probes: list[float]) -> dict:
     """What the simulator needs to know about the clusters, measured on this run (median
     seconds): from Slurm starting a job's run to its ``started`` line (process start
     and checkpoint load: the restart cost the simulator charges), over the last run of
     every emulated job on both sides; from a ``checkpointed`` line to the next run's
-    ``started`` line (what a checkpoint-requeue cost); and Slurm's latency from a
-    submission to the start of a job that fits (``sched_s``)."""
+    ``started`` line (what a checkpoint-requeue cost); Slurm's latency from a
+    submission to the start of a job that fits (``sched_s``, from ``probes``:
+    `probe_start_latency`); and, for the record, from a trace job's submission to its
+    first ``started`` line (``first_start_s``, queueing included)."""
     from sqlalchemy import select as sql_select
 
     from malleable.db.engine import make_engine, session_factory
@@ -372,15 +408,10 @@ def measured_startup(sides: list[Side]) -> dict:
         xs = sorted(xs)
         return round(xs[len(xs) // 2], 3) if xs else None
 
-    # Slurm's own latency from a submission to the start of a job that fits: the
-    # fastest tenth of the submission-to-started times, less the start-up.
-    first.sort()
-    sched = None
-    if first and startup:
-        sched = round(max(0.0, first[len(first) // 10] - med(startup)), 3)
     return {"startup_s": med(startup), "startup_n": len(startup),
             "requeue_s": med(requeue), "requeue_n": len(requeue),
-            "sched_s": sched, "sched_n": len(first)}
+            "sched_s": med(probes), "sched_n": len(probes),
+            "first_start_s": med(first), "first_start_n": len(first)}
 
 
 def audit(side: Side) -> dict:
@@ -608,6 +639,9 @@ def main(argv: list[str] | None = None) -> int:
             bring_up(s, 4, 4)
             write_config(s, poll_s=2, decide_s=4)
             start_daemon(s)
+        probes = [x for s in sides for x in probe_start_latency(s)]
+        log(f"Slurm starts a job that fits {sorted(probes)[len(probes) // 2]:.2f} s after its "
+            f"submission (median of {len(probes)} probe jobs)")
         for s in sides:
             submit_torch_job(s)
         errors: list[str] = []
@@ -654,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
             b = results["static"]["summary"]["avg_jct_replay_s"]
             if a and b:
                 results["ratio"] = round(a / b, 4)
-        costs = measured_startup(sides)
+        costs = measured_startup(sides, probes)
         results["measured"] = costs
         log(f"simulating the run{'s' if len(sides) > 1 else ''} with the costs measured on "
             f"the harness: start-up {costs['startup_s']} s ({costs['startup_n']} runs), "

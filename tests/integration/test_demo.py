@@ -41,7 +41,7 @@ def test_short_demo_runs_the_whole_path_and_cleans_up(tmp_path):
     sim = doc["simulator"]["malleable"]
     assert sim["finished"] and len(sim["jct_s"]) == 4 and sim["avg_jct_s"] > 0
     assert doc["sim_error"]["malleable"] is not None
-    assert doc["measured"]["startup_n"] >= 4
+    assert doc["measured"]["startup_n"] >= 4 and doc["measured"]["sched_n"] == 3
     for png in ("jct_cdf.png", "gpus_over_time.png"):
         assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
