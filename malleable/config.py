@@ -234,4 +234,6 @@ def load_config(path: str | os.PathLike | None = None, env: dict | None = None) 
         raise ConfigError(f"{p}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: not UTF-8 text (byte {exc.start})") from None
     return parse_config(data, source=str(p), env=env)

@@ -291,9 +291,12 @@ class Actuator:
                             next_attempt_at=None, finished=step.terminal, **kw)
         if step.terminal:
             report.finished.append((state.job_id, step.value))
-            jlog.info("action %d (%s) %s%s", a.id, a.kind, step.value, f": {note}" if note else "")
-            if (step == Step.ABANDONED and state.step == Step.WAIT_CHECKPOINT
-                    and "grace" in (note or "")):
+            no_checkpoint = (step == Step.ABANDONED and state.step == Step.WAIT_CHECKPOINT
+                             and "grace" in (note or ""))
+            # A job that did not checkpoint in time is an operator's concern: a warning.
+            (jlog.warning if no_checkpoint else jlog.info)(
+                "action %d (%s) %s%s", a.id, a.kind, step.value, f": {note}" if note else "")
+            if no_checkpoint:
                 report.abandoned_no_checkpoint.append(state.job_id)
                 store.add_job_event(s, a.job_id, now, "no_checkpoint",
                                     f"no checkpoint within {state.grace_s:.0f} s")

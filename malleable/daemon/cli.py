@@ -36,10 +36,11 @@ def daemon(config_path: str | None, dry_run: bool, once: bool, log_level: str | 
     step in progress.
     """
     from malleable.daemon.metrics import exporter_from_config
-    from malleable.daemon.service import ServiceOptions, run_service
+    from malleable.daemon.service import ServiceOptions, check_policy, run_service
 
     try:
         config = load_config(config_path)
+        check_policy(config)
     except ConfigError as exc:
         raise click.exceptions.Exit(_fail(f"{exc}")) from None
     if log_level:

@@ -249,7 +249,8 @@ class Service:
         self.notifier.reloading()
         try:
             new = load_config(self.options.config_path)
-        except ConfigError as exc:
+            check_policy(new)
+        except (ConfigError, ValueError, OSError) as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
             self.notifier.ready("reload refused")
             return
@@ -308,3 +309,19 @@ def run_service(config: Config, options: ServiceOptions) -> int:
         signal.signal(signal.SIGINT, lambda *_: service.stop())
         signal.signal(signal.SIGHUP, lambda *_: service.reload())
     return service.start()
+
+
+def check_policy(config: Config) -> None:
+    """Refuse a configuration whose ``[policy]`` cannot be built (unknown name, unknown or
+    bad parameter).
+
+    Raises:
+        ConfigError: names ``policy.name`` or ``policy.params`` and the value.
+    """
+    from malleable.policies.registry import get_policy
+
+    try:
+        get_policy(config.policy.name, **dict(config.policy.params))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{config.source}: policy.name={config.policy.name!r}, "
+                          f"policy.params={dict(config.policy.params)!r}: {exc}") from None

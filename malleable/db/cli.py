@@ -57,6 +57,9 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
                 fn(engine, **kw)
             except (StoreError, ConfigError) as exc:
                 _fail(ctx, str(exc))
+            except OSError as exc:   # e.g. another user's 0600 database file
+                where = f"{exc.filename}: " if exc.filename else ""
+                _fail(ctx, f"{where}{exc.strerror or exc}")
             finally:
                 if engine is not None:
                     engine.dispose()

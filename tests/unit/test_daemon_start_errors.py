@@ -46,6 +46,8 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("extra, key", [
     ('[daemon]\npoll_interval_s = "fast"\n', "daemon.poll_interval_s = 'fast': expected number"),
     ("[policy]\nnmae = \"equi\"\n", "policy.nmae: unknown key"),
+    ('[policy]\nname = "nosuch"\n', "policy.name='nosuch'"),
+    ('[policy]\nname = "pollux"\nparams = {p = "x"}\n', "policy.params={'p': 'x'}"),
 ])
 def test_a_bad_config_exits_2_naming_the_key(tmp_path, extra, key):
     line = one_error_line(run(write(tmp_path, extra)))
@@ -80,3 +82,10 @@ def test_a_malformed_crash_hook_refuses_to_start(tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)
     line = one_error_line(proc)
     assert "MALLEABLE_TEST_CRASH_AT: 'requeue.signal' is not of the form" in line
+
+
+def test_a_config_file_that_is_not_utf8_exits_2_naming_the_file(tmp_path):
+    p = write(tmp_path, "# \xff\n")
+    p.write_bytes(p.read_bytes().replace("\xff".encode(), b"\xff"))
+    line = one_error_line(run(p))
+    assert str(p) in line and "not UTF-8" in line
