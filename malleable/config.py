@@ -225,9 +225,22 @@ def load_config(path: str | os.PathLike | None = None, env: dict | None = None) 
         if explicit:
             raise ConfigError(f"{p}: configuration file not found")
         return parse_config({}, source="<defaults>", env=env)
+    return parse_config(read_config_file(p), source=str(p), env=env)
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The TOML document of a configuration file, not yet checked.
+
+    Raises:
+        ConfigError: the file cannot be read (missing, permission, I/O), is not UTF-8
+            or not valid TOML; the message names the path.
+    """
+    p = Path(path)
     try:
         with p.open("rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: configuration file not found") from None
     except PermissionError:
         raise ConfigError(f"{p}: permission denied") from None
     except OSError as exc:
@@ -236,4 +249,3 @@ def load_config(path: str | os.PathLike | None = None, env: dict | None = None) 
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: not UTF-8 text (byte {exc.start})") from None
-    return parse_config(data, source=str(p), env=env)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import tomllib
 from pathlib import Path
 
 import click
@@ -229,18 +228,11 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
 
 
 def _read_config(path: str) -> dict:
-    from malleable.config import ConfigError, parse_config
+    from malleable.config import ConfigError, parse_config, read_config_file
 
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        data = read_config_file(path)
         parse_config(data, source=path)
-    except FileNotFoundError:
-        raise _fail(f"--config {path}: no such file") from None
-    except OSError as exc:
-        raise _fail(f"--config {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise _fail(f"--config {path}: not valid TOML: {exc}") from None
     except ConfigError as exc:
         raise _fail(f"--config {exc}") from None
     return data
