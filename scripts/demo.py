@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -203,12 +204,23 @@ def run_replay(side: Side, recipes: list[ReplayJob], speedup: float, errors: lis
 
 
 def jobs_done(side: Side) -> tuple[int, int]:
-    """(ended, submitted) of the side's jobs so far, from Slurm."""
+    """(ended, submitted) of the side's jobs so far, from Slurm.
+
+    Raises:
+        RuntimeError: Slurm could not launch a job (it holds it: "launch failed
+            requeued held"), e.g. a node whose slurmd is not the harness's own.
+    """
     ids = {r["job_id"] for r in list(side.records)}
     if not ids:
         return 0, 0
+    jobs = [j for j in side.client().jobs() if j.job_id in ids]
+    failed = [j.job_id for j in jobs if "launch failed" in (j.reason or "").lower()]
+    if failed:
+        raise RuntimeError(f"side {side.name}: Slurm could not launch job(s) "
+                           f"{', '.join(failed)} (launch failed requeued held); see "
+                           f"{side.harness_dir}/log")
     # A job that ended more than MinJobAge (300 s) ago is no longer listed: ended too.
-    live = {j.job_id for j in side.client().jobs() if not j.state.finished}
+    live = {j.job_id for j in jobs if not j.state.finished}
     return len(ids - live), len(ids)
 
 
@@ -607,7 +619,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: error: --speedup={args.speedup}: expected a number > 0", file=sys.stderr)
         return 2
     root = Path(args.dir)
-    base = free_port_block(12, 21000)
+    # A random start: two demos (or a demo and the test suite's) started at the same
+    # moment would otherwise both find the same free ports before either binds them.
+    base = free_port_block(12, 21000 + random.randrange(0, 300) * 24)
     sides = [Side("malleable", "default", root / "malleable", base)]
     if not args.short:
         sides.append(Side("static", "static", root / "static", base + 6,
@@ -653,10 +667,14 @@ def main(argv: list[str] | None = None) -> int:
         last_view = 0.0
         while time.monotonic() < deadline:
             time.sleep(5)
-            states = {s.name: jobs_done(s) for s in sides}
-            if time.monotonic() - last_view >= args.status_every:
-                show_status(sides, expected)
-                last_view = time.monotonic()
+            try:
+                states = {s.name: jobs_done(s) for s in sides}
+                if time.monotonic() - last_view >= args.status_every:
+                    show_status(sides, expected)
+                    last_view = time.monotonic()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+                break
             if errors or any(s.daemon is not None and s.daemon.poll() is not None
                              for s in sides):
                 break
