@@ -51,7 +51,7 @@ class Backend:
         script = self.tmp / "job.sh"
         if not script.exists():
             # Like a malleable job: the batch shell survives its checkpoint signal.
-            script.write_text("#!/bin/bash\ntrap 'echo checkpoint' USR1\n"
+            script.write_text("#!/bin/bash\ntrap 'echo checkpoint' USR1\necho ready\n"
                               "for i in $(seq 600); do sleep 1; done\n")
             script.chmod(0o755)
         kw.setdefault("output", str(self.tmp / "job-%j.out"))
@@ -67,6 +67,16 @@ class Backend:
 
     def running(self, job_id: str, **kw):
         return self.wait(job_id, "RUNNING", lambda j: j.state == JobState.RUNNING, **kw)
+
+    def trapping(self, job_id: str) -> None:
+        """Wait until the batch shell has set its trap (Slurm reports RUNNING before the
+        shell has started; a signal then would kill it). Only the real cluster runs the
+        script: the fake pyslurm has no output."""
+        if self.name != "cli":
+            return
+        out = self.tmp / f"job-{job_id}.out"
+        wait_until(lambda: out.exists() and "ready" in out.read_text(), timeout=30,
+                   interval=0.1, what=f"job {job_id}'s shell ready")
 
 
 def _unreachable_cli(slurm, tmp: Path):
@@ -174,6 +184,7 @@ class ContractTests:
     def test_signal_each_target_and_cancel(self, backend):
         job_id = backend.submit(nodes=1, gpus=1)
         backend.running(job_id)
+        backend.trapping(job_id)
         for target in SignalTarget:
             backend.client.signal(job_id, "USR1", target)
         backend.client.cancel(job_id)
