@@ -347,10 +347,9 @@ def probe_start_latency(side: Side, probes: int = 3) -> list[float]:
     return out
 
 
-def show_status(sides: list[Side], expected: int) -> None:
+def show_status(sides: list[Side], expected: int, counts: dict[str, tuple[int, int]]) -> None:
     """The live view: one line per side, then `malleable status` of each side that still
-    has jobs running or pending."""
-    counts = {s.name: jobs_done(s) for s in sides}
+    has jobs running or pending (``counts``: each side's `jobs_done`)."""
     if sys.stdout.isatty():
         print("\033[H\033[J", end="")
     log("  ".join(f"{s.name}: {d} of {n} submitted jobs ended ({expected} in all)"
@@ -672,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 states = {s.name: jobs_done(s) for s in sides}
                 if time.monotonic() - last_view >= args.status_every:
-                    show_status(sides, expected)
+                    show_status(sides, expected, states)
                     last_view = time.monotonic()
             except RuntimeError as exc:
                 errors.append(str(exc))

@@ -28,7 +28,9 @@ from malleable.db.engine import describe_url, engine_from_config
 from malleable.db.errors import StoreError
 
 
-def _options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--config PATH`` and ``--database-url URL``: how every command that opens
+    the state store finds it (``malleable db`` and the admin commands)."""
     fn = click.option("--database-url", "database_url", metavar="URL", default=None,
                       help="SQLAlchemy URL of the database (overrides [database] url).")(fn)
     fn = click.option("--config", "config_path", metavar="PATH", default=None,
@@ -75,7 +77,7 @@ def db() -> None:
 
 
 @db.command()
-@_options
+@store_options
 @click.option("--to", "to", default="head", show_default=True, metavar="REV",
               help="revision to upgrade to.")
 @_with_engine(create=True)
@@ -90,7 +92,7 @@ def upgrade(engine: Engine, to: str) -> None:
 
 
 @db.command()
-@_options
+@store_options
 @_with_engine(create=False)
 def current(engine: Engine) -> None:
     """Print the database's schema revision and this malleable's newest one."""
@@ -109,7 +111,7 @@ def current(engine: Engine) -> None:
 
 
 @db.command()
-@_options
+@store_options
 @click.argument("rev")
 @_with_engine(create=False)
 def downgrade(engine: Engine, rev: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import click
 
 from malleable.config import ConfigError
+from malleable.db.cli import store_options  # noqa: F401  (re-exported for the commands)
 from malleable.db.errors import StoreError
 from malleable.slurm.client import SlurmError
 
@@ -80,17 +81,6 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         return None
 
     return wrapper
-
-
-def store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--config PATH`` and ``--database-url URL`` (as ``malleable db`` has them)."""
-    fn = click.option("--database-url", "database_url", metavar="URL", default=None,
-                      help="SQLAlchemy URL of the database (overrides [database] url).")(fn)
-    fn = click.option("--config", "config_path", metavar="PATH", default=None,
-                      type=click.Path(dir_okay=False),
-                      help="configuration file (default $MALLEABLE_CONFIG or "
-                           "/etc/malleable/malleable.toml).")(fn)
-    return fn
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:

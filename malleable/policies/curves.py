@@ -43,12 +43,24 @@ def one_gpu_rate(table: SpeedupTable) -> np.ndarray:
     k_min, as if it scaled linearly up to it; 0 for a job that can run nowhere.
     """
     base = goodput_at(table, np.ones(table.num_jobs))
+    k_min, rate = smallest_runnable(table)
+    virtual = np.where(k_min > 0, rate / np.maximum(k_min, 1), 0.0)
+    return np.where(base > 0, base, virtual)
+
+
+def smallest_runnable(table: SpeedupTable) -> tuple[np.ndarray, np.ndarray]:
+    """Each job's smallest feasible GPU count with positive goodput, and that goodput.
+
+    Returns:
+        ((J,) int64 GPUs, (J,) float64 work units/s); (0, 0.0) for a job that can run
+        on no count of the grid.
+    """
     runnable = table.feasible & (table.goodput > 0) & (table.k[None, :] > 0)
     first = np.argmax(runnable, axis=1)
+    some = runnable.any(axis=1)
     rows = np.arange(table.num_jobs)
-    k_min = np.maximum(table.k[first], 1).astype(np.float64)
-    virtual = np.where(runnable.any(axis=1), table.goodput[rows, first] / k_min, 0.0)
-    return np.where(base > 0, base, virtual)
+    return (np.where(some, table.k[first], 0).astype(np.int64),
+            np.where(some, table.goodput[rows, first], 0.0))
 
 
 def speedup(table: SpeedupTable) -> np.ndarray:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleable.policies.base import Allocation, Capacity, Context, JobSet, Policy
-from malleable.policies.curves import goodput_at
+from malleable.policies.curves import goodput_at, smallest_runnable
 from malleable.policies.feasibility import (
     Grid,
     Packer,
@@ -76,9 +76,7 @@ def pollux_speedup(jobs: JobSet, capacity: Capacity) -> np.ndarray:
     t = jobs.table
     fair = max(1, math.ceil(capacity.total / len(jobs)))
     base = goodput_at(t, np.full(len(jobs), float(fair)))
-    runnable = t.feasible & (t.goodput > 0)
-    first = np.argmax(runnable, axis=1)
-    smallest = np.where(runnable.any(axis=1), t.goodput[np.arange(len(jobs)), first], 0.0)
+    _, smallest = smallest_runnable(t)
     base = np.where(base > 0, base, smallest)
     with np.errstate(divide="ignore", invalid="ignore"):
         s = t.goodput / base[:, None]

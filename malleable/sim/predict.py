@@ -109,12 +109,12 @@ def prepare_replay(recipes: Sequence[ReplayJob], *, speedup: float, restart_cost
     origin = min((r.arrival_s for r in recipes), default=0.0)
     out = []
     for r in recipes:
-        resume = restart_cost_s
+        # restart_cost_s is the resume part: the whole cost has a tenth more as the save.
         prof = CompressedProfile(load_profile(r.model), speedup,
-                                 resume / (1.0 - SAVE_FRACTION))
+                                 restart_cost_s / (1.0 - SAVE_FRACTION))
         trace = TraceJob(name=r.name, arrival_s=(r.arrival_s - origin) / speedup,
                          gpus=r.initial_gpus, model=r.model, batch_size=r.batch)
-        adaptive = bool(getattr(r, "adaptive_batch", False))
+        adaptive = r.adaptive_batch
         out.append(PreparedJob(trace=trace, requested=r.initial_gpus,
                                comment=format_spec(r.spec),
                                batch=None if adaptive else r.batch, adaptive=adaptive,
