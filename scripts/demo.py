@@ -654,7 +654,11 @@ def main(argv: list[str] | None = None) -> int:
             bring_up(s, 4, 4)
             write_config(s, poll_s=2, decide_s=4)
             start_daemon(s)
-        probes = [x for s in sides for x in probe_start_latency(s)]
+        try:
+            probes = [x for s in sides for x in probe_start_latency(s)]
+        except RuntimeError as exc:
+            log(f"error: {exc}")
+            return 1
         log(f"Slurm starts a job that fits {sorted(probes)[len(probes) // 2]:.2f} s after its "
             f"submission (median of {len(probes)} probe jobs)")
         for s in sides:
