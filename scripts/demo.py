@@ -169,7 +169,7 @@ default_restart_cost_s = 10
 def start_daemon(side: Side) -> None:
     with open(side.root / "daemon.log", "w") as out:  # the child keeps its own descriptor
         argv = [str(VENV_BIN / "malleable"), "daemon"] + (["--dry-run"] if side.dry_run else [])
-        side.daemon = subprocess.Popen(argv, env=side.env,
+        side.daemon = subprocess.Popen(argv, env=side.env, stdin=subprocess.DEVNULL,
                                        stdout=out, stderr=subprocess.STDOUT, cwd=side.root)
     mode = "--dry-run: observes and records, never acts" if side.dry_run else "acting"
     log(f"side {side.name}: daemon started (policy {side.policy}, {mode}; "
@@ -333,14 +333,19 @@ def probe_start_latency(side: Side, probes: int = 3) -> list[float]:
     for i in range(probes):
         mark = side.root / f"probe-{i}.t"
         t0 = time.time()
-        client.submit(SubmitRequest(script=str(script), nodes=1, gpus_per_node=1,
-                                    name="probe", requeue=False,
-                                    output=str(side.root / "probe.out"),
-                                    workdir=str(side.root), env=(("PROBE_FILE", str(mark)),)))
+        job_id = client.submit(SubmitRequest(script=str(script), nodes=1, gpus_per_node=1,
+                                             name="probe", requeue=False,
+                                             output=str(side.root / "probe.out"),
+                                             workdir=str(side.root),
+                                             env=(("PROBE_FILE", str(mark)),)))
         deadline = time.monotonic() + 60
         while not mark.exists() or not mark.read_text().strip():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"side {side.name}: a probe job did not start in 60 s")
+                job = client.job(job_id)
+                seen = (f"{job.state.value}, reason {job.reason or 'none'}" if job
+                        else "no longer in squeue")
+                raise RuntimeError(f"side {side.name}: probe job {job_id} did not start in "
+                                   f"60 s (Slurm: {seen})")
             time.sleep(0.05)
         out.append(float(mark.read_text()) - t0)
         time.sleep(1.0)   # let it end before the next one
@@ -649,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
+    failed = True   # until the run ends without problems: then Slurm's logs are not kept
     try:
         for s in sides:
             bring_up(s, 4, 4)
@@ -742,10 +748,15 @@ def main(argv: list[str] | None = None) -> int:
             f"({results['wall_s']:.0f} s)")
         for p in problems:
             log(f"error: {p}")
+        failed = bool(problems)
         return 1 if problems else 0
     finally:
         for s in sides:
             stop_daemon(s)
+            if failed and (s.harness_dir / "log").is_dir():   # `down` removes them
+                kept = report / f"slurm-log-{s.name}"
+                shutil.copytree(s.harness_dir / "log", kept, dirs_exist_ok=True)
+                log(f"side {s.name}: Slurm's logs kept in {kept}")
             harness("down", "--dir", str(s.harness_dir))
         log("daemons stopped, harnesses down")
 

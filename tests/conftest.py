@@ -147,12 +147,3 @@ def _slurm_for_marked_tests(request: pytest.FixtureRequest):
         request.getfixturevalue("slurm")
     yield
 
-
-def pytest_collection_modifyitems(session, config, items):
-    """Run the short demo (tests/integration/test_demo.py) first. It brings up its own
-    Slurm cluster; after the other integration tests had run, its first job was
-    cancelled or held by Slurm within seconds in 3 of 4 full runs (cause not found,
-    see the closing note of issue 11), while it passed every time it ran first."""
-    first = [i for i in items if i.nodeid.startswith("tests/integration/test_demo.py")]
-    rest = [i for i in items if i not in first]
-    items[:] = first + rest

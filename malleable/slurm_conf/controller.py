@@ -174,7 +174,7 @@ def query_controller(slurm_conf: str | os.PathLike, timeout_s: float,
     run_env["SLURM_CONF"] = os.fspath(slurm_conf)
     try:
         proc = subprocess.run(list(argv), env=run_env, capture_output=True, text=True,
-                              timeout=timeout_s)
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         return ControllerQuery(True, error=f"{scontrol} not found (is slurm-client installed?)",
                                argv=argv)

@@ -93,7 +93,8 @@ class DaemonProcess:
         env = {**self.env, **(extra_env or {})}
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen([str(MALLEABLE), "daemon", "--config", str(self.config),
-                                          *args], env=env, stdout=fh, stderr=fh)
+                                          *args], env=env, stdin=subprocess.DEVNULL,
+                                          stdout=fh, stderr=fh)
         if ready:
             self.wait_log(r"lease taken by", timeout=60)
         return self

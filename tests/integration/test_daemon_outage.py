@@ -62,7 +62,7 @@ def stop_ctld(h) -> None:
 def start_ctld(h) -> None:
     """Start slurmctld again on the same slurm.conf, keeping its saved state (no -i)."""
     subprocess.run(["/usr/sbin/slurmctld", "-f", str(h.conf)], env=h.env, check=True,
-                   capture_output=True, timeout=60)
+                   capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
     wait_until(lambda: "UP" in h.run("scontrol", "ping", check=False).stdout, timeout=60,
                what="slurmctld answering")
 

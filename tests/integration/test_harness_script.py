@@ -6,10 +6,12 @@ the session's cluster, which also shows that two harnesses coexist.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,46 @@ def test_non_root_refused(tmp_path):
     d = tmp_path / "h"
     proc = harness("up", "--dir", str(d), user="nobody")
     assert_refused(proc, "root", d=d)
+
+
+def run_dir_of(d: Path) -> Path:
+    return Path(json.loads((d / "harness.json").read_text())["run_dir"])
+
+
+@needs_root
+@pytest.mark.parametrize("case", ["deep-dir", "stdin-closed"])
+def test_jobs_launch_from_a_deep_dir_and_without_stdin(tmp_path, case):
+    """Two ways the harness once started a cluster on which every job failed to launch
+    ("launch failed requeued held"), which failed the short demo in CI:
+    * deep-dir: slurmstepd's socket <spool>/<node>_<job>.<step> under a directory as
+      deep as pytest's tmp_path exceeded Linux's 107-byte socket path limit;
+    * stdin-closed: started with descriptor 0 closed (CI has no standard input),
+      slurmctld held a socket on descriptor 0 and its job launches failed."""
+    d = tmp_path / "h" if case == "stdin-closed" else tmp_path / ("deep" * 5) / "h"
+    base = free_port_block(2)
+    argv = [sys.executable, str(HARNESS), "up", "--dir", str(d), "--nodes", "1",
+            "--gpus-per-node", "1", "--ctld-port", str(base), "--node-port-base", str(base + 1)]
+    if case == "stdin-closed":
+        argv = ["sh", "-c", 'exec 0<&-; exec "$@"', "sh", *argv]
+    try:
+        up = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        assert up.returncode == 0, up.stderr
+        env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
+        mark = tmp_path / "ran"
+        sub = subprocess.run(["sbatch", "--parsable", "-N1", "--gres=gpu:1", "-o", "/dev/null",
+                              "--wrap", f"echo $SLURM_JOB_ID > {mark}"], env=env,
+                             capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL)
+        assert sub.returncode == 0, sub.stderr
+        job_id = sub.stdout.strip()
+        deadline = time.monotonic() + 30
+        while not (mark.exists() and mark.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], env=env,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        assert mark.exists() and mark.read_text().strip() == job_id, f"job {job_id}: {state}"
+        run_dir = run_dir_of(d)
+    finally:
+        harness("down", "--dir", str(d))
+    assert processes_under(d) == [] and not d.exists()
+    assert not run_dir.exists()

@@ -154,7 +154,8 @@ address = "127.0.0.1:{port}"
     log = base / "daemon.log"
     with log.open("w") as fh:
         proc = subprocess.Popen([EXE, "daemon", "--config", str(cfg)], stdout=fh,
-                                stderr=subprocess.STDOUT, env=os.environ.copy())
+                                stderr=subprocess.STDOUT, env=os.environ.copy(),
+                                stdin=subprocess.DEVNULL)
     lv = Live(base, cfg, db, base / "spool", port, proc, log)
     try:
         wait_until(lambda: _up(lv), timeout=60, what="daemon up with metrics and a decision")
