@@ -219,7 +219,7 @@ _SECONDS_FIELDS = {"grace_s", "restart_cost_s"}
 _START = re.compile(r"(?:^|(?<=[\s\"'(\[{|;,]))malleable:", re.IGNORECASE)
 _FIELD = re.compile(r"\s*([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
 _SEP = re.compile(r"\s*[,;]")
-_INT = re.compile(r"[0-9]+")
+_INT = re.compile(r"[+-]?[0-9]+")   # a sign is read, so that -5 is refused as out of range
 _SECONDS = re.compile(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)([smh]?)", re.IGNORECASE)
 _GPUS = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _MODEL = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_MODEL_LEN}}}")

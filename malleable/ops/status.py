@@ -180,8 +180,11 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
         "last_poll_age_s": age_s(last_poll, now),
         "gpus_per_node": g,
         "gpus_per_node_source": g_source,
+        # Targets of the jobs that have not ended: the latest decision may predate an end.
         "gpus": {"held": int(held or 0),
-                 "target": sum(t.gpus for t in targets.values()) if targets else None},
+                 "target": sum(targets[j.id].gpus for j in jobs
+                               if j.id in targets and j.state not in FINISHED_STATES)
+                 if targets else None},
         "jobs": rows,
     }
 

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 
 from malleable.cli import main
+from malleable.daemon.cycle import spec_as_dict
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
 from malleable.db.lease import acquire_lease, release_lease
@@ -31,7 +32,8 @@ from malleable.ops.policy import parse_assignments
 from malleable.ops.schemas import SCHEMAS
 from malleable.ops.status import build_status
 from malleable.ops.views import goodput_curve
-from tests.unit.ops_store import NOW, T0, build_store, write_config
+from malleable.slurm.records import JobState
+from tests.unit.ops_store import NOW, SPEC_101, T0, _job, build_store, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -446,3 +448,17 @@ def test_commands_on_postgresql(postgres_url, tmp_path, monkeypatch):
         with st.sessions() as s:
             assert store.is_paused(s) is True
             assert s.scalar(select(Setting).where(Setting.key == "scratch")) is None
+
+
+def test_status_counts_targets_of_jobs_that_have_not_ended(built, run):
+    """The latest decision targeted 8 GPUs for job 101; once 101 has completed, those
+    8 are no longer "targeted" (the header once summed every target of the decision)."""
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s, s.begin():
+        store.upsert_jobs(s, [_job("101", JobState.COMPLETED, 4, comment=SPEC_101,
+                                   name="resnet", restarts=1)],
+                          T0 + timedelta(seconds=300), parse_spec=spec_as_dict)
+    eng.dispose()
+    doc = js(run("status", "--json"))
+    assert doc["gpus"] == {"held": 0, "target": 0}
+    assert "0 held by malleable jobs, 0 targeted" in run("status").stdout

@@ -237,3 +237,14 @@ def test_from_dict_validates_and_ignores_unknown_keys():
     with pytest.raises(SpecError) as info:
         MalleableSpec.from_dict({"min_gpus": 1, "max_gpus": 2, "step": "4"})
     assert info.value.field == "step"
+
+
+@pytest.mark.parametrize("text, field", [
+    ("malleable:gpus=2-4,target_steps=-5", "target_steps"),
+    ("malleable:gpus=2-4,batch=-256", "batch"),
+])
+def test_negative_integer_is_refused_as_out_of_range(text, field):
+    """-5 is an integer: the error says what range is allowed, not "expected an integer"."""
+    with pytest.raises(SpecError, match=r"=-\d+: expected an integer >= 1") as info:
+        parse_spec(text)
+    assert info.value.field == field
