@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from malleable.policies.registry import DEFAULT as DEFAULT_POLICY
 from malleable.sim.jobs import ProfileJob, ProgressSink
 from malleable.sim.profiles import MODELS, ModelProfile, load_profile
 from malleable.sim.traces import TraceJob
@@ -118,11 +119,14 @@ NAMED_SETUPS: Mapping[str, JobSetup] = {
 def setup_for(policy: str, name: str = "auto", oracle_work: bool | None = None) -> JobSetup:
     """The job setup for ``policy``: ``name`` "auto" (the artifact's, `POLICY_SETUPS`)
     or one of `NAMED_SETUPS`; ``oracle_work`` overrides the setup's when not None.
+    ``policy`` "default" is the registry's default policy (`malleable.policies.registry.DEFAULT`),
+    as the daemon resolves it.
 
     Raises:
         ValueError: an unknown setup name.
     """
     if name == "auto":
+        policy = DEFAULT_POLICY if policy == "default" else policy
         setup = POLICY_SETUPS.get(policy, DEFAULT_SETUP)
     elif name in NAMED_SETUPS:
         setup = NAMED_SETUPS[name]

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from malleable.policies.registry import DEFAULT
 from malleable.sim.engine import Engine
 from malleable.sim.jobs import ProfileJob
 from malleable.sim.jobsetup import (
@@ -70,6 +71,8 @@ def test_setups_follow_the_pollux_artifact():
     assert (s.min_gpus, s.max_gpus) == (1, 64)          # 2048 // 32 = 64 replicas
     assert s.target_samples == oracle_samples(prof, 2048)
     assert setup_for("fifo") == setup_for("fifo", "elastic")
+    # "default" is the registry's default policy, with that policy's setup.
+    assert setup_for("default") == setup_for(DEFAULT) == POLICY_SETUPS[DEFAULT]
     assert setup_for("las", oracle_work=True).oracle_work is True
     assert set(POLICY_SETUPS) == {"pollux", "las", "static", "optimus"}
     with pytest.raises(ValueError, match="job setup 'x'"):
