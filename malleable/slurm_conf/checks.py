@@ -49,6 +49,7 @@ CHECKS: tuple[tuple[str, str], ...] = (
     ("job-shrink", "running jobs may shrink in place"),
     ("min-job-age", "finished jobs stay visible for two poll intervals"),
     ("proctrack", "process tracking and prolog"),
+    ("spool-dir", "slurmstepd's sockets fit Linux's path limit"),
 )
 """(check id, title) in report order."""
 
@@ -59,6 +60,13 @@ STATUS_OK = "ok"
 STATUS_SKIPPED = "skipped"
 RECOMMENDED_MIN_JOB_AGE_S = 300
 """Slurm's default MinJobAge; the fix never suggests less."""
+SOCKET_PATH_MAX = 107
+"""Bytes in a Unix socket path on Linux (``sun_path`` is 108 with its NUL)."""
+DEFAULT_SPOOL_DIR = "/var/spool/slurmd"
+DEFAULT_MAX_JOB_ID = 67043328
+"""slurm.conf(5) defaults of SlurmdSpoolDir and MaxJobId."""
+STEP_ID_DIGITS = 10
+"""Digits of the batch and extern step ids (4294967291, 4294967292)."""
 
 
 def _finding(sev: Severity, check: str, setting_loc: Location, message: str,
@@ -323,6 +331,48 @@ def check_proctrack(settings: Settings) -> tuple[str, list[Finding]]:
     return shown, out
 
 
+def stepd_socket_path(spool_dir: str, node: str, job_id_digits: int) -> str:
+    """The longest socket path slurmstepd creates for a job on ``node``.
+
+    Slurm (src/common/stepd_api.c) names a step's socket
+    ``<SlurmdSpoolDir>/<node>_<job id>.<step id>``, with ``%n`` and ``%h`` in the
+    spool directory replaced by the node's name (``%h``, its hostname, is taken
+    as the node name here). Both ids are written at their widest: ``job_id_digits``
+    for the job, 10 for the step (the batch and extern steps' ids).
+    """
+    directory = spool_dir.replace("%n", node).replace("%h", node).rstrip("/")
+    return f"{directory}/{node}_{'9' * job_id_digits}.{'9' * STEP_ID_DIGITS}"
+
+
+def check_spool_dir(settings: Settings, inventory: Inventory) -> tuple[str, list[Finding]]:
+    """slurmstepd's socket paths under ``SlurmdSpoolDir`` must fit in 107 bytes (an error).
+
+    Past that slurmstepd cannot create its socket, and every job that Slurm starts
+    on the node fails to launch ("launch failed requeued held"), with no hint of
+    why in squeue. Node names come from the inventory; job ids are taken at the
+    width of ``MaxJobId``.
+    """
+    s = settings.get("SlurmdSpoolDir")
+    spool = (s.value or DEFAULT_SPOOL_DIR).strip()
+    m = settings.get("MaxJobId").value
+    digits = len(str(int(m))) if m and m.strip().isdigit() else len(str(DEFAULT_MAX_JOB_ID))
+    nodes = [n.name for n in inventory.nodes] or ["localhost"]
+    worst = max(nodes, key=lambda n: len(stepd_socket_path(spool, n, digits)))
+    path = stepd_socket_path(spool, worst, digits)
+    shown = (f"SlurmdSpoolDir={spool} ({s.where if s.value else 'default'}): longest step "
+             f"socket {len(path)} bytes (node {worst})")
+    if len(path) <= SOCKET_PATH_MAX:
+        return shown, []
+    room = SOCKET_PATH_MAX - (len(path) - len(spool.replace("%n", worst).replace("%h", worst)))
+    return shown, [_finding(
+        Severity.ERROR, "spool-dir", s.location,
+        f"slurmstepd's socket {path} would be {len(path)} bytes, over Linux's "
+        f"{SOCKET_PATH_MAX}: every job Slurm starts on {worst} fails to launch "
+        f"(\"launch failed requeued held\")",
+        f"SlurmdSpoolDir={DEFAULT_SPOOL_DIR}   (or any directory of at most {room} bytes with "
+        f"%n expanded; then restart slurmd)")]
+
+
 def check_keys(slurm: ParsedConf, gres: ParsedConf | None,
                query: ControllerQuery) -> list[Finding]:
     """Top-level keys that no known Slurm (nor the running controller) accepts."""
@@ -478,6 +528,7 @@ def run_checks(*, slurm: ParsedConf, gres: ParsedConf | None, gres_path: str,
         results["job-shrink"] = both(check_job_shrink)
         results["min-job-age"] = both(check_min_job_age, config)
         results["proctrack"] = both(check_proctrack)
+        results["spool-dir"] = both(check_spool_dir, inventory)
     checks: list[CheckResult] = []
     findings: list[Finding] = []
     for cid, title in CHECKS:

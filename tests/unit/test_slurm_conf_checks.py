@@ -332,3 +332,37 @@ def test_glob_includes_depend_on_the_running_release(tmp_path, version, severity
     assert f.severity == severity and f.check == "include" and f.location.line == 1
     if severity != Severity.INFO:
         assert f.fix == f"write one Include line per file: Include {tmp_path / 'd' / 'a.conf'}"
+
+
+def test_default_spool_dir_fits_the_socket_path_limit(tmp_path):
+    report = run(tmp_path)
+    assert not [f for f in report.findings if f.check == "spool-dir"]
+    check = next(c for c in report.checks if c.check == "spool-dir")
+    # /var/spool/slurmd/node1_<8 digits of MaxJobId>.<10 digits of the step id>
+    assert check.status == "ok" and "43 bytes" in check.summary
+
+
+@pytest.mark.parametrize("spool, node_in_path", [
+    ("/srv/" + "d" * 80 + "/slurmd", False),   # 92 + 26 bytes
+    ("/srv/" + "d" * 75 + "/%n", True),      # %n expands to the node name: 86 + 26
+])
+def test_deep_spool_dir_is_an_error(tmp_path, spool, node_in_path):
+    """A spool as deep as pytest's tmp_path made every harness job fail to launch:
+    slurmstepd's socket <spool>/<node>_<job>.<step> did not fit in 107 bytes."""
+    text = GOOD + f"SlurmdSpoolDir={spool}\n"
+    report = run(tmp_path, slurm=text)
+    f = only(report, "spool-dir")
+    assert f.severity == Severity.ERROR and not report.ok
+    assert f.location.path == str(tmp_path / "slurm.conf")
+    assert f.location.line == line_of(text, f"SlurmdSpoolDir={spool}")
+    assert "launch failed requeued held" in f.message and "node1" in f.message
+    assert f.fix.startswith("SlurmdSpoolDir=/var/spool/slurmd")
+    assert ("/node1/node1_" in f.message) == node_in_path
+
+
+def test_spool_dir_check_takes_job_ids_at_the_width_of_max_job_id(tmp_path):
+    base = "/srv/" + "d" * 68 + "/slurmd"    # 80 bytes: + 26 fits, + 28 (10-digit ids) does not
+    fits = run(tmp_path, slurm=GOOD + f"SlurmdSpoolDir={base}\n")
+    assert not [f for f in fits.findings if f.check == "spool-dir"]
+    wide = run(tmp_path, slurm=GOOD + f"SlurmdSpoolDir={base}\nMaxJobId=4000000000\n")
+    assert only(wide, "spool-dir").severity == Severity.ERROR
