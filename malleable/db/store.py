@@ -558,3 +558,13 @@ def set_policy(session: Session, name: str, params: Mapping[str, Any] | None = N
     """Make ``name`` with ``params`` the active policy (the daemon uses it from its next cycle)."""
     set_setting(session, POLICY_NAME_KEY, name, now)
     set_setting(session, POLICY_PARAMS_KEY, dict(params or {}), now)
+
+
+def clear_policy(session: Session) -> bool:
+    """Forget an operator's policy choice: the configuration's ``[policy]`` applies again
+    from the daemon's next cycle. Returns True if a choice was stored."""
+    rows = [r for r in (session.get(Setting, POLICY_NAME_KEY),
+                        session.get(Setting, POLICY_PARAMS_KEY)) if r is not None]
+    for r in rows:
+        session.delete(r)
+    return bool(rows)

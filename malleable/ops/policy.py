@@ -11,8 +11,11 @@ unknown parameters, wrong types and out-of-range values are refused with exit
 ``continuous=true``, ``thresholds=[3600, 7200]``, ``p_from=samples``); a
 word that is not a TOML literal is a string, and ``null`` means None.
 
-``set`` needs root or the operator group (`malleable.ops.auth`); ``show``
-and ``list`` are read-only (``list`` does not open the database).
+``reset`` forgets the operator's choice: the configuration's ``[policy]``
+applies again from the next decision.
+
+``set`` and ``reset`` need root or the operator group (`malleable.ops.auth`);
+``show`` and ``list`` are read-only (``list`` does not open the database).
 """
 
 from __future__ import annotations
@@ -163,7 +166,9 @@ def render_show(doc: dict) -> str:
     """The text view of a ``malleable.policy/1`` document."""
     head = doc["name"] + (f" (= {doc['resolved']})" if doc["resolved"] != doc["name"] else "")
     if doc["changed"] is not None:
-        verb = "set" if doc["changed"] else "unchanged"
+        # `set` leaves the operator as the source; only `reset` returns it to the config.
+        verb = ("unchanged" if not doc["changed"] else
+                "reset to the configuration's" if doc["source"] == "config" else "set")
         first = f"policy {verb}: {head} {fmt_params(doc['params'])}".rstrip() + \
             "; the daemon uses it from its next decision"
     else:
@@ -206,7 +211,7 @@ def _complete_policy(ctx: click.Context, param: click.Parameter, incomplete: str
 
 @click.group("policy")
 def policy() -> None:
-    """Show, list or set the allocation policy."""
+    """Show, list, set or reset the allocation policy."""
 
 
 @policy.command("show")
@@ -260,5 +265,27 @@ def set_(name: str, assignments: tuple[str, ...], config_path: str | None,
             doc = show_doc(s, config, st.where)
     doc["changed"] = (before["name"], before["params"], before["source"]) != \
         (name, params, "operator")
+    doc["by"] = caller()
+    emit(doc, as_json, render_show)
+
+
+@policy.command("reset")
+@store_options
+@json_option
+@handle_errors
+def reset(config_path: str | None, database_url: str | None, as_json: bool) -> None:
+    """Go back to the configuration's policy ([policy] name and params) from the next decision.
+
+    Undoes `malleable policy set`; nothing changes if no operator set a policy. Needs
+    root or the operator group ([operator] group); exit 1 otherwise.
+    """
+    config = effective_config(config_path, database_url)
+    require_operator(config, "reset the policy")
+    with open_store(config, write=True) as st:
+        with st.sessions() as s, s.begin():
+            changed = store.clear_policy(s)
+        with st.sessions() as s:
+            doc = show_doc(s, config, st.where)
+    doc["changed"] = changed
     doc["by"] = caller()
     emit(doc, as_json, render_show)

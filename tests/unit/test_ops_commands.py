@@ -279,7 +279,7 @@ def test_pause_refused_for_a_non_operator(run, monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 4321)
     monkeypatch.setattr(os, "getegid", lambda: 4321)
     monkeypatch.setattr(os, "getgroups", lambda: [4321])
-    for args in (("pause",), ("resume",), ("policy", "set", "equi")):
+    for args in (("pause",), ("resume",), ("policy", "set", "equi"), ("policy", "reset")):
         err = one_line_error(run(*args), 1, "permission denied: you are 4321",
                              "only root or members of the operator group 'staff'")
         assert "sudo" in err
@@ -315,6 +315,20 @@ def test_policy_show_set_and_validation(run):
     one_line_error(run("policy", "set", "hesrpt", "p"), 2, "'p': expected key=value")
     # a refused set changed nothing
     assert js(run("policy", "show", "--json"))["params"] == {"p": 0.7, "p_from": "samples"}
+
+
+def test_policy_reset_returns_to_the_configuration(run):
+    assert js(run("policy", "reset", "--json"))["changed"] is False   # nothing was set
+    run("policy", "set", "hesrpt", "p=0.7")
+    doc = check_schema(js(run("policy", "reset", "--json")))
+    assert (doc["name"], doc["params"], doc["source"], doc["changed"]) == \
+        ("default", {}, "config", True)
+    assert js(run("status", "--json"))["policy"]["source"] == "config"
+    run("policy", "set", "equi")
+    text = run("policy", "reset").stdout
+    assert text.startswith("policy reset to the configuration's: default (= pollux)"), text
+    assert "source: from the configuration" in text
+    assert run("policy", "reset").stdout.startswith("policy unchanged: default")
 
 
 def test_policy_list(run):
