@@ -48,8 +48,8 @@ def daemon(config_path: str | None, dry_run: bool, once: bool, log_level: str | 
             config, daemon=dataclasses.replace(config.daemon, log_level=log_level))
     setup_logging(config.daemon.log_level)
     try:
-        metrics = exporter_from_config(config)
-        code = run_service(config, ServiceOptions(config_path, dry_run, once, metrics))
+        code = run_service(config, ServiceOptions(
+            config_path, dry_run, once, metrics_factory=lambda: exporter_from_config(config)))
     except (StoreError, SlurmError, OSError, ValueError) as exc:
         raise click.exceptions.Exit(_fail(str(exc))) from None
     raise click.exceptions.Exit(code)

@@ -78,12 +78,16 @@ class ServiceOptions:
         dry_run: plan and log, change nothing (overrides the file's ``daemon.dry_run``).
         once: one decide cycle, then exit.
         metrics: a callable receiving each `CycleReport` (the Prometheus exporter), or None.
+        metrics_factory: makes ``metrics`` once the lease is taken (the exporter binds its
+            port then, so a second daemon names the lease holder rather than failing on
+            the first one's port); may raise OSError or ValueError, which stop the start.
     """
 
     config_path: str | None = None
     dry_run: bool = False
     once: bool = False
     metrics: Callable[[CycleReport], None] | None = None
+    metrics_factory: Callable[[], Callable[[CycleReport], None] | None] | None = None
 
 
 class Service:
@@ -106,6 +110,7 @@ class Service:
                              dry_run=self.dry_run)
         self.daemon.actuator.step_hook = crash_points_from_env()
         self.scheduler: BlockingScheduler | None = None
+        self.metrics = options.metrics
         self._stopping = threading.Event()
         # Held while a scheduled job runs: the stop waits for it before cleaning up.
         self._busy = threading.Lock()
@@ -122,8 +127,8 @@ class Service:
             except Exception:  # the service must outlive any single cycle's failure
                 log.exception("%s failed; will run again at the next interval", what)
                 return
-        if report is not None and self.options.metrics is not None:
-            self.options.metrics(report)
+        if report is not None and self.metrics is not None:
+            self.metrics(report)
         if report is not None:
             self.notifier.status(f"{report.kind} cycle {report.number}: "
                                  f"{report.managed} malleable jobs, {report.rpc} RPCs"
@@ -182,6 +187,8 @@ class Service:
         log.info("lease taken by %s; policy %s; %s", self.holder, self.config.policy.name,
                  "DRY RUN: no change to Slurm" if self.dry_run else "acting on Slurm")
         try:
+            if self.options.metrics_factory is not None:
+                self.metrics = self.options.metrics_factory()
             self._cluster()
             if self.options.once:
                 self.daemon.decide_cycle()
@@ -261,14 +268,18 @@ class Service:
         if new.daemon.dry_run != self.config.daemon.dry_run:
             log.warning("daemon.dry_run changed in %s; it takes effect at the next restart",
                         new.source)
+        old = self.config.daemon
         self.config = new
         self.daemon.config = new
         if self.scheduler is not None:
-            d = new.daemon
-            for job_id, seconds in (("poll", d.poll_interval_s), ("ingest", d.ingest_interval_s),
-                                    ("decide", d.decide_interval_s),
-                                    ("housekeeping", d.housekeeping_interval_s)):
-                self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
+            # Rescheduling restarts an interval from now: only timers whose interval
+            # changed are touched, so a reload does not delay the next decision.
+            for job_id, key in (("poll", "poll_interval_s"), ("ingest", "ingest_interval_s"),
+                                ("decide", "decide_interval_s"),
+                                ("housekeeping", "housekeeping_interval_s")):
+                seconds = getattr(new.daemon, key)
+                if seconds != getattr(old, key):
+                    self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
         log.info("configuration reloaded from %s (policy %s, poll %g s, decide %g s)",
                  new.source, new.policy.name, new.daemon.poll_interval_s,
                  new.daemon.decide_interval_s)

@@ -49,3 +49,37 @@ def test_log_lines_carry_job_and_cycle_and_journald_priority():
     lines = buf.getvalue().splitlines()
     assert lines[0] == "<4>WARNING cycle=7 job=123_4 malleable.daemon.test: requeue refused"
     assert lines[1] == "<6>INFO cycle=7 job=- malleable.daemon.test: cycle done"
+
+
+def _service_config(tmp_path, policy: str, poll_s: float):
+    (tmp_path / "spool").mkdir(exist_ok=True)
+    p = tmp_path / "m.toml"
+    p.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/m.db"\n'
+                 f'[progress]\nspool_dir = "{tmp_path}/spool"\n'
+                 f'[daemon]\npoll_interval_s = {poll_s}\n[policy]\nname = "{policy}"\n')
+    return p
+
+
+def test_sighup_reschedules_only_timers_whose_interval_changed(tmp_path, monkeypatch):
+    """Rescheduling restarts an interval from now: a reload that rescheduled every timer
+    put off the next decision by a whole interval even when no interval changed."""
+    from malleable.config import load_config
+    from malleable.daemon.service import Service, ServiceOptions
+
+    monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+    path = _service_config(tmp_path, "equi", 30)
+    service = Service(load_config(str(path)), ServiceOptions(config_path=str(path)))
+    try:
+        service._schedule()
+        calls = []
+        monkeypatch.setattr(service.scheduler, "reschedule_job",
+                            lambda job_id, **kw: calls.append((job_id, kw["seconds"])))
+        _service_config(tmp_path, "fifo", 30)          # the policy changes, no interval does
+        service.reload()
+        assert service.config.policy.name == "fifo" and calls == []
+        _service_config(tmp_path, "fifo", 10)          # now the poll interval changes
+        service.reload()
+        assert calls == [("poll", 10.0)]
+    finally:
+        service.engine.dispose()

@@ -7,6 +7,7 @@ command runs as a subprocess, exactly as systemd runs it.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from malleable.db import schema
 from malleable.db.engine import make_engine
-from malleable.db.lease import acquire_lease
+from malleable.db.lease import acquire_lease, read_lease
 
 MALLEABLE = Path(sys.executable).parent / "malleable"
 
@@ -72,6 +73,34 @@ def test_a_lease_held_by_another_daemon_refuses_naming_the_holder(tmp_path):
     engine.dispose()
     line = one_error_line(run(write(tmp_path, "[daemon]\nlease_timeout_s = 300\n")))
     assert "another malleable daemon holds the lease: other-host:4242" in line
+
+
+def test_a_second_daemon_names_the_lease_holder_before_binding_the_metrics_port(tmp_path):
+    """The first daemon serves metrics on the port; a second one with the same configuration
+    must say who holds the lease, not fail on the port (it bound the port first once)."""
+    engine = make_engine(f"sqlite:///{tmp_path}/m.db")
+    schema.upgrade(engine)
+    acquire_lease(engine, "other-host:4242", timeout_s=300)
+    engine.dispose()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = one_error_line(run(write(tmp_path, f'[daemon]\nlease_timeout_s = 300\n'
+                                                   f'[metrics]\naddress = "127.0.0.1:{port}"\n')))
+    assert "another malleable daemon holds the lease: other-host:4242" in line
+
+
+def test_a_busy_metrics_port_refuses_to_start_and_gives_the_lease_back(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = one_error_line(run(write(tmp_path, f'[metrics]\naddress = "127.0.0.1:{port}"\n')))
+    assert "in use" in line.lower() or str(port) in line, line
+    engine = make_engine(f"sqlite:///{tmp_path}/m.db", create=False)
+    assert read_lease(engine).holder is None
+    engine.dispose()
 
 
 def test_a_malformed_crash_hook_refuses_to_start(tmp_path):
