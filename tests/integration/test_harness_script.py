@@ -72,10 +72,12 @@ def _up_down_twice(d: Path, base: int) -> None:
         assert status.returncode == 0, status.stdout + status.stderr
         assert "node1" in status.stdout and "gpu:2" in status.stdout
         assert len(processes_under(d)) >= 4  # munged, slurmctld, 2 x slurmd
+        run_dir = run_dir_of(d)
+        assert (run_dir / "munge.socket").exists()
         down = harness("down", "--dir", str(d))
         assert down.returncode == 0, down.stderr
         assert processes_under(d) == []
-        assert not d.exists()
+        assert not d.exists() and not run_dir.exists()
         down = harness("down", "--dir", str(d))
         assert down.returncode == 0 and "stopped nothing" in down.stdout
 
