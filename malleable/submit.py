@@ -38,7 +38,7 @@ import click
 from malleable.config import ConfigError, load_config
 from malleable.slurm import connect
 from malleable.slurm.client import SlurmError
-from malleable.slurm.records import SubmitRequest
+from malleable.slurm.records import ClusterInfo, SubmitRequest
 from malleable.spec import (
     MalleableSpec,
     SpecError,
@@ -218,6 +218,29 @@ def malleable_request(script: str, spec: MalleableSpec, *, initial_gpus: int | N
                          workdir=workdir)
 
 
+def check_capacity(spec: MalleableSpec, cluster: ClusterInfo) -> str | None:
+    """Compare the spec's GPU range with the cluster's GPUs (``nodes`` x ``gpus_per_node``).
+
+    Returns:
+        A warning when ``max_gpus`` exceeds the cluster (the job never gets more than
+        the cluster has), else None; None too when the cluster's size is unknown.
+
+    Raises:
+        SubmitError: ``min_gpus`` exceeds the cluster: the job could never start.
+    """
+    total = cluster.nodes * cluster.gpus_per_node
+    if total <= 0:
+        return None
+    shape = f"{total} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node})"
+    if spec.min_gpus > total:
+        raise SubmitError(f"gpus={spec.min_gpus}-{spec.max_gpus}: the minimum exceeds the "
+                          f"cluster's {shape}; the job could never start")
+    if spec.max_gpus > total:
+        return (f"gpus={spec.min_gpus}-{spec.max_gpus}: the cluster has {shape}; the job "
+                f"will run on at most {total}")
+    return None
+
+
 def _fail(message: str, code: int) -> None:
     """Print the error on one line (Slurm's own messages may span several) and exit."""
     message = "; ".join(part.strip() for part in message.splitlines() if part.strip())
@@ -273,8 +296,12 @@ def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> No
         _fail(str(exc), 2)
     try:
         client = connect()
+        cluster = client.cluster()
+        warning = check_capacity(spec, cluster)
+        if warning:
+            click.echo(f"malleable submit: warning: {warning}", err=True)
         request = malleable_request(script, spec, initial_gpus=initial_gpus,
-                                    gpus_per_node=client.cluster().gpus_per_node,
+                                    gpus_per_node=cluster.gpus_per_node,
                                     spool_dir=config.progress.spool_dir,
                                     base_comment=base_comment,
                                     extra_args=without_comment(passthrough))

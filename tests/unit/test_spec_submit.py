@@ -84,3 +84,19 @@ def test_missing_script_exits_2(tmp_path):
     result = CliRunner().invoke(main, ["submit", "--gpus", "2-4", str(tmp_path / "nope.sh")])
     assert result.exit_code == 2
     assert "No such file" in result.output
+
+
+def test_capacity_check_warns_above_the_cluster_and_refuses_a_minimum_above_it():
+    from malleable.slurm.records import ClusterInfo
+    from malleable.submit import check_capacity
+
+    cluster = ClusterInfo(version="22.05.8", version_tuple=(22, 5, 8), gpus_per_node=4, nodes=4)
+    assert check_capacity(parse_spec("malleable:gpus=2-16"), cluster) is None
+    warning = check_capacity(parse_spec("malleable:gpus=1-1000"), cluster)
+    assert warning == ("gpus=1-1000: the cluster has 16 GPUs (4 nodes x 4); the job will run "
+                       "on at most 16")
+    with pytest.raises(SubmitError, match=r"gpus=32-64: the minimum exceeds the cluster's 16 "
+                                          r"GPUs \(4 nodes x 4\); the job could never start"):
+        check_capacity(parse_spec("malleable:gpus=32-64"), cluster)
+    unknown = ClusterInfo(version="22.05.8", version_tuple=(22, 5, 8), gpus_per_node=4)
+    assert check_capacity(parse_spec("malleable:gpus=1-1000"), unknown) is None
