@@ -335,6 +335,33 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+def _type_words(tp: Any) -> str:
+    """What a parameter of type ``tp`` takes, in an operator's words (TOML values, as
+    `malleable policy set` and ``[policy] params`` read them)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_type_words(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if tp is bool:
+        return "true or false"
+    if tp is float:
+        return "a number"
+    if tp is int:
+        return "an integer"
+    if tp is str:
+        return "a string"
+    if origin is tuple:
+        args = typing.get_args(tp)
+        item = args[0] if args else Any
+        kind = {float: "numbers", int: "integers", str: "strings"}.get(item, "values")
+        example = {float: "[3600, 7200]", int: "[1, 2]"}.get(item, "[...]")
+        return f"a list of {kind}, e.g. {example}"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return str(getattr(tp, "__name__", tp))
+
+
 class Policy(abc.ABC):
     """Base class of every policy: a name, typed parameters, one method.
 
@@ -361,7 +388,7 @@ class Policy(abc.ABC):
                                  f"(known: {', '.join(sorted(known)) or 'none'})")
             if not _type_ok(value, hints[key]):
                 raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: expected "
-                                 f"{getattr(hints[key], '__name__', hints[key])}")
+                                 f"{_type_words(hints[key])}")
             if isinstance(value, list):
                 params[key] = tuple(value)
         try:

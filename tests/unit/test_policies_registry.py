@@ -45,14 +45,16 @@ def test_unknown_policy_names_it_and_the_known_ones():
 @pytest.mark.parametrize("name,params,words", [
     ("hesrpt", {"q": 1}, ["hesrpt", "unknown parameter 'q'", "known: p, p_from, risk"]),
     ("hesrpt", {"p_from": "guess"}, ["hesrpt", "p_from = 'guess'"]),
-    ("hesrpt", {"p": "high"}, ["hesrpt", "p = 'high'", "expected"]),
+    ("hesrpt", {"p": "high"}, ["hesrpt", "p = 'high'", "expected a number or null"]),
     ("hesrpt", {"p": 1.5}, ["hesrpt", "p must be in (0, 1)"]),
-    ("pollux", {"window": 2.5}, ["pollux", "window = 2.5", "expected int"]),
+    ("pollux", {"window": 2.5}, ["pollux", "window = 2.5", "expected an integer"]),
     ("pollux", {"search_moves": True}, ["pollux", "search_moves = True"]),
     ("las", {"thresholds": [10.0, 5.0]}, ["las", "thresholds must increase"]),
-    ("las", {"thresholds": ["a"]}, ["las", "thresholds = ['a']"]),
-    ("las", {"size": "huge"}, ["las", "size = 'huge'"]),
-    ("static", {"backfill": 1}, ["static", "backfill = 1", "expected bool"]),
+    ("las", {"thresholds": ["a"]}, ["las", "thresholds = ['a']",
+                                 "expected a list of numbers, e.g. [3600, 7200]"]),
+    ("las", {"thresholds": 3600}, ["las", "thresholds = 3600", "expected a list of numbers"]),
+    ("las", {"size": "huge"}, ["las", "size = 'huge'", "expected one of 'requested', 'max'"]),
+    ("static", {"backfill": 1}, ["static", "backfill = 1", "expected true or false"]),
     ("fifo", {"anything": 1}, ["fifo", "unknown parameter 'anything'", "known: none"]),
 ])
 def test_bad_parameters_are_named(name, params, words):
