@@ -1,19 +1,23 @@
 """The single-daemon lease: at most one daemon works on a database at a time.
 
 The lease is the one row of table ``lease`` (created by the first migration):
-``holder`` ("host:pid" of the daemon, None when free), ``acquired_at`` and
-``heartbeat_at``. A daemon acquires it at start, renews it (heartbeat) well
-within ``[daemon] lease_timeout_s``, and releases it when it stops. A lease
-whose heartbeat is older than the timeout belongs to a daemon that died (or
-hangs) and may be taken over.
+``holder`` ("host:pid" of the daemon, None when free), ``acquired_at``,
+``heartbeat_at`` and ``timeout_s`` (the holder's own ``[daemon]
+lease_timeout_s``). A daemon acquires it at start, renews it (heartbeat) well
+within its timeout, and releases it when it stops. A lease whose heartbeat is
+older than the larger of the holder's and the newcomer's timeouts belongs to a
+daemon that died (or hangs) and may be taken over: a newcomer started with a
+smaller timeout cannot declare a healthy holder dead.
 
-Atomicity: acquiring is ONE conditional ``UPDATE ... WHERE holder IS NULL OR
-holder = me OR heartbeat_at < now - timeout``, so two daemons racing for a
-free or stale lease cannot both win: on SQLite the statement runs under the
-database's single write lock (``BEGIN IMMEDIATE``), on PostgreSQL the row lock
-makes the second UPDATE re-check its condition against the first one's
-committed row (READ COMMITTED), see that the lease is fresh, and change
-nothing. Heartbeat and release update the row only ``WHERE holder = me``, so
+Atomicity: acquiring reads the row, then makes ONE conditional ``UPDATE ...
+WHERE holder IS NULL OR holder = me OR (holder = the holder read AND
+heartbeat_at = the heartbeat read, which is older than the cutoff)``: a
+compare-and-swap on the heartbeat seen, so a holder that renews in between, or
+a second daemon racing for the same stale lease, makes the UPDATE change
+nothing. On SQLite the statement runs under the database's single write lock
+(``BEGIN IMMEDIATE``); on PostgreSQL the row lock makes the second UPDATE
+re-check its condition against the first one's committed row (READ
+COMMITTED), see that the holder changed, and change nothing. Heartbeat and release update the row only ``WHERE holder = me``, so
 a daemon whose lease was taken over learns it (`LeaseLost`) instead of
 silently stealing it back.
 
@@ -96,8 +100,9 @@ def acquire_lease(engine: Engine, holder: str, *, timeout_s: float,
     Args:
         engine: the state store.
         holder: this daemon's identity, "host:pid" (`default_holder`).
-        timeout_s: ``[daemon] lease_timeout_s``: a heartbeat older than this, in
-            seconds, makes the lease stale (free to take over).
+        timeout_s: ``[daemon] lease_timeout_s``, seconds: stored with the lease as this
+            holder's timeout; a heartbeat older than the larger of this and the current
+            holder's stored timeout makes the lease stale (free to take over).
         now: the caller's clock (aware UTC datetime); default the wall clock.
 
     Returns:
@@ -105,29 +110,35 @@ def acquire_lease(engine: Engine, holder: str, *, timeout_s: float,
 
     Raises:
         LeaseHeld: another holder's heartbeat is fresh; the message names the
-            holder and its last heartbeat (and how long ago that was).
+            holder, its last heartbeat (and how long ago that was) and the timeout
+            after which it may be taken over.
         DatabaseUnavailable: the database cannot be written.
     """
     now = _now(now)
-    cutoff = now - timedelta(seconds=timeout_s)
+    cols = (Lease.holder, Lease.acquired_at, Lease.heartbeat_at, Lease.timeout_s)
     with engine.begin() as conn:
         _ensure_row(conn)
+        seen = conn.execute(select(*cols).where(Lease.id == LEASE_ID)).one()
+        limit = max(timeout_s, seen.timeout_s or 0.0)
+        free = or_(Lease.holder.is_(None), Lease.holder == holder, Lease.heartbeat_at.is_(None))
+        stale = (seen.holder is not None and seen.heartbeat_at is not None
+                 and seen.heartbeat_at < now - timedelta(seconds=limit))
+        if stale:   # compare-and-swap on what was read
+            free = or_(free, (Lease.holder == seen.holder)
+                       & (Lease.heartbeat_at == seen.heartbeat_at))
         won = conn.execute(
-            update(Lease)
-            .where(Lease.id == LEASE_ID,
-                   or_(Lease.holder.is_(None), Lease.holder == holder,
-                       Lease.heartbeat_at.is_(None), Lease.heartbeat_at < cutoff))
-            .values(holder=holder, acquired_at=now, heartbeat_at=now)
+            update(Lease).where(Lease.id == LEASE_ID, free)
+            .values(holder=holder, acquired_at=now, heartbeat_at=now, timeout_s=timeout_s)
         ).rowcount
-        row = conn.execute(select(Lease.holder, Lease.acquired_at, Lease.heartbeat_at)
-                           .where(Lease.id == LEASE_ID)).one()
+        row = conn.execute(select(*cols).where(Lease.id == LEASE_ID)).one()
     if won == 1:
         return LeaseInfo(row.holder, row.acquired_at, row.heartbeat_at)
+    limit = max(timeout_s, row.timeout_s or 0.0)
     age = (now - row.heartbeat_at).total_seconds()
     raise LeaseHeld(
         f"another malleable daemon holds the lease: {row.holder}, last heartbeat "
         f"{row.heartbeat_at.isoformat(timespec='seconds')} ({age:.0f} s ago; it may be taken "
-        f"over after {timeout_s:.0f} s without one)",
+        f"over after {limit:.0f} s without one)",
         holder=row.holder, heartbeat_at=row.heartbeat_at, acquired_at=row.acquired_at)
 
 

@@ -297,7 +297,8 @@ class Lease(Base):
     """The single-daemon lease: exactly one row (id = 1).
 
     ``holder`` is "host:pid" (None when released); ``heartbeat_at`` is the
-    holder's last heartbeat. See `malleable.db.lease`.
+    holder's last heartbeat; ``timeout_s`` the holder's own lease timeout in
+    seconds (None: taken before revision 0003). See `malleable.db.lease`.
     """
 
     __tablename__ = "lease"
@@ -307,6 +308,7 @@ class Lease(Base):
     holder: Mapped[str | None] = mapped_column(String(256))
     acquired_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
+    timeout_s: Mapped[float | None] = mapped_column(Float)
 
 
 class ProgressFile(Base):

@@ -69,6 +69,26 @@ def test_stale_lease_is_taken_over_and_old_holder_learns_it(engine):
     assert read_lease(engine).holder == "b:2"
 
 
+def test_a_newcomer_with_a_smaller_timeout_cannot_take_a_healthy_lease(engine):
+    """A second daemon with lease_timeout_s = 0.5 once took the lease from a healthy
+    daemon (heartbeat every 100 s of its 300 s), which then stopped: staleness is now
+    judged by the larger of the two timeouts."""
+    acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
+    heartbeat_lease(engine, "a:1", now=T0 + timedelta(seconds=100))
+    with pytest.raises(LeaseHeld, match=r"\(50 s ago; it may be taken over after 300 s"):
+        acquire_lease(engine, "b:2", timeout_s=0.5, now=T0 + timedelta(seconds=150))
+    assert read_lease(engine).holder == "a:1"
+    heartbeat_lease(engine, "a:1", now=T0 + timedelta(seconds=200))   # still its lease
+    # Once the holder's own timeout has passed without a heartbeat, the newcomer may take it.
+    late = T0 + timedelta(seconds=200 + TIMEOUT + 1)
+    assert acquire_lease(engine, "b:2", timeout_s=0.5, now=late).holder == "b:2"
+    # and the new holder's timeout (0.5 s) is what a third daemon is held to, with its own
+    with pytest.raises(LeaseHeld):
+        acquire_lease(engine, "c:3", timeout_s=0.1, now=late + timedelta(seconds=0.3))
+    assert acquire_lease(engine, "c:3", timeout_s=0.1,
+                         now=late + timedelta(seconds=0.6)).holder == "c:3"
+
+
 def test_release_frees_the_lease(engine):
     acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
     assert release_lease(engine, "a:1")
