@@ -35,6 +35,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -114,6 +115,8 @@ class Service:
         self._stopping = threading.Event()
         # Held while a scheduled job runs: the stop waits for it before cleaning up.
         self._busy = threading.Lock()
+        # time.monotonic() when the running cycle started (None: idle), for the heartbeat.
+        self._cycle_since: float | None = None
 
     # ------------------------------------------------------------------ jobs
 
@@ -122,11 +125,14 @@ class Service:
         with self._busy:
             if self._stopping.is_set():
                 return
+            self._cycle_since = time.monotonic()
             try:
                 report = fn()
             except Exception:  # the service must outlive any single cycle's failure
                 log.exception("%s failed; will run again at the next interval", what)
                 return
+            finally:
+                self._cycle_since = None
         if report is not None and self.metrics is not None:
             self.metrics(report)
         if report is not None:
@@ -135,7 +141,20 @@ class Service:
                                  + (" (Slurm unavailable)" if report.slurm_unavailable else ""))
 
     def _heartbeat(self) -> None:
+        """Renew the lease and ping the systemd watchdog, on a thread of its own.
+
+        A cycle that waits on a slow Slurm (retries) must not make a live daemon look
+        dead, so the heartbeat does not queue behind the cycles; but a cycle running
+        longer than ``lease_timeout_s`` counts as hung: the heartbeat is withheld, so
+        another daemon may take over and systemd's watchdog restarts this one.
+        """
         if self._stopping.is_set():
+            return
+        since = self._cycle_since
+        limit = self.config.daemon.lease_timeout_s
+        if since is not None and time.monotonic() - since > limit:
+            log.warning("a cycle has run for %.0f s, longer than lease_timeout_s (%g s): "
+                        "heartbeat withheld", time.monotonic() - since, limit)
             return
         try:
             heartbeat_lease(self.engine, self.holder)
@@ -216,7 +235,8 @@ class Service:
 
     def _schedule(self) -> None:
         d = self.config.daemon
-        sched = BlockingScheduler(executors={"default": ThreadPoolExecutor(max_workers=1)},
+        sched = BlockingScheduler(executors={"default": ThreadPoolExecutor(max_workers=1),
+                                             "heartbeat": ThreadPoolExecutor(max_workers=1)},
                                   job_defaults={"coalesce": True, "max_instances": 1,
                                                 "misfire_grace_time": None},
                                   timezone=UTC)
@@ -232,7 +252,7 @@ class Service:
         beat = min(self.config.daemon.lease_timeout_s / 3,
                    self.notifier.watchdog_interval_s or 30.0)
         sched.add_job(self._heartbeat, "interval", seconds=max(beat, 1.0), id="heartbeat",
-                      executor="default")
+                      executor="heartbeat")
         self.scheduler = sched
 
     def _ingest(self) -> None:

@@ -83,3 +83,36 @@ def test_sighup_reschedules_only_timers_whose_interval_changed(tmp_path, monkeyp
         assert calls == [("poll", 10.0)]
     finally:
         service.engine.dispose()
+
+
+def test_heartbeat_runs_beside_a_slow_cycle_but_not_beside_a_hung_one(tmp_path, monkeypatch):
+    """A poll that retried a slow Slurm for 80 s blocked the heartbeat (one worker thread),
+    so `status` called a live daemon stale and another daemon could take over. The heartbeat
+    has its own thread now; a cycle running past lease_timeout_s counts as hung."""
+    import time
+
+    from malleable.config import load_config
+    from malleable.daemon.service import Service, ServiceOptions
+    from malleable.db.lease import read_lease
+
+    monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+    path = _service_config(tmp_path, "equi", 30)
+    service = Service(load_config(str(path)), ServiceOptions(config_path=str(path)))
+    try:
+        service._take_lease()
+        service._schedule()
+        assert service.scheduler.get_job("heartbeat").executor == "heartbeat"
+        assert service.scheduler.get_job("poll").executor == "default"
+        limit = service.config.daemon.lease_timeout_s
+        first = read_lease(service.engine).heartbeat_at
+        service._cycle_since = time.monotonic() - 80          # a slow cycle: still alive
+        time.sleep(0.01)
+        service._heartbeat()
+        renewed = read_lease(service.engine).heartbeat_at
+        assert renewed > first
+        service._cycle_since = time.monotonic() - limit - 1   # hung: withheld
+        service._heartbeat()
+        assert read_lease(service.engine).heartbeat_at == renewed
+    finally:
+        service.engine.dispose()
