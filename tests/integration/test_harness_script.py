@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -163,3 +164,38 @@ def test_jobs_launch_from_a_deep_dir_and_without_stdin(tmp_path, case):
         harness("down", "--dir", str(d))
     assert processes_under(d) == [] and not d.exists()
     assert not run_dir.exists()
+
+
+@needs_root
+def test_up_on_a_harness_with_slurmctld_down_restarts_it_and_keeps_the_jobs(tmp_path):
+    """`up` once tore down a half-running harness and started afresh (-i, a new cluster
+    name): every job was lost, and a running job's processes went on outside Slurm."""
+    d = tmp_path / "h"
+    base = free_port_block(3)
+    args = ["up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2",
+            "--ctld-port", str(base), "--node-port-base", str(base + 1)]
+    env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
+
+    def squeue() -> str:
+        return subprocess.run(["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+    try:
+        assert harness(*args).returncode == 0
+        job = subprocess.run(["sbatch", "--parsable", "-N1", "--gres=gpu:1", "-o", "/dev/null",
+                              "--wrap", "sleep 300"], env=env, capture_output=True, text=True,
+                             timeout=30, stdin=subprocess.DEVNULL).stdout.strip()
+        deadline = time.monotonic() + 30
+        while squeue() != f"{job} RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert squeue() == f"{job} RUNNING"
+        ctld = int((d / "slurmctld.pid").read_text().split()[0])
+        os.kill(ctld, signal.SIGTERM)
+        while Path(f"/proc/{ctld}").exists() and time.monotonic() < deadline + 30:
+            time.sleep(0.1)
+        again = harness(*args)
+        assert again.returncode == 0, again.stderr
+        assert "restarted slurmctld" in again.stderr
+        assert squeue() == f"{job} RUNNING"          # the same job, still running
+    finally:
+        harness("down", "--dir", str(d))
+    assert processes_under(d) == [] and not d.exists()
