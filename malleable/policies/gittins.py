@@ -117,10 +117,13 @@ class GittinsPolicy(Policy):
         starve_s: float = 3600.0      # a pending job waiting this long is placed first
 
         def __post_init__(self) -> None:
-            if self.prior_scale_s <= 0 or self.starve_s <= 0 or self.window < 1:
-                raise ValueError("prior_scale_s and starve_s must be > 0, window >= 1")
-            if self.level_base_s <= 0 or self.level_ratio < 1:
-                raise ValueError("level_base_s must be > 0 and level_ratio >= 1")
+            for name in ("prior_scale_s", "starve_s", "level_base_s"):
+                if not getattr(self, name) > 0:
+                    raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+            if self.window < 1:
+                raise ValueError(f"window must be >= 1, got {self.window}")
+            if not self.level_ratio >= 1:
+                raise ValueError(f"level_ratio must be >= 1, got {self.level_ratio}")
 
     def levels(self, attained: np.ndarray) -> np.ndarray:
         """(J,) attained service rounded down to 0 or base * ratio^i (unchanged if ratio = 1)."""

@@ -250,8 +250,10 @@ class PolluxPolicy(Policy):
                 raise ValueError(f"p must be <= 1, got {self.p}")
             if self.eps <= 0:
                 raise ValueError(f"eps must be > 0, got {self.eps}")
-            if self.window < 1 or self.search_moves < 0:
-                raise ValueError("window must be >= 1 and search_moves >= 0")
+            if self.window < 1:
+                raise ValueError(f"window must be >= 1, got {self.window}")
+            if self.search_moves < 0:
+                raise ValueError(f"search_moves must be >= 0, got {self.search_moves}")
             if self.starve_s <= 0:
                 raise ValueError(f"starve_s must be > 0, got {self.starve_s}")
 
