@@ -195,6 +195,7 @@ class Daemon:
                             "taken as finished for missing from it", len(skipped))
             else:
                 self._mark_vanished(s, {j.job_id for j in jobs}, now)
+            store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
         self.poll_incomplete = bool(skipped)

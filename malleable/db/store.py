@@ -43,6 +43,8 @@ from malleable.slurm.records import JobState, SlurmJob
 _CHUNK = 500
 
 PAUSED_KEY = "paused"
+LAST_POLL_KEY = "daemon.last_poll"
+"""When the daemon's last poll of Slurm succeeded (ISO time, UTC): `malleable status`."""
 POLICY_NAME_KEY = "policy.name"
 POLICY_PARAMS_KEY = "policy.params"
 

@@ -160,7 +160,12 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
     decision = store.latest_decision(s)
     targets = {t.job_id: t for t in decision.targets} if decision is not None else {}
     g, g_source = resolve_gpus_per_node(s, gpus_per_node)
-    last_poll = s.scalar(select(func.max(Job.last_seen)))
+    # The daemon records each successful poll; a store written before that (or by
+    # tests) has only the jobs' last_seen. With no job at all, last_seen says nothing.
+    seen = s.scalar(select(func.max(Job.last_seen)))
+    polled = store.get_setting(s, store.LAST_POLL_KEY)
+    polled = datetime.fromisoformat(polled) if isinstance(polled, str) else None
+    last_poll = max((t for t in (seen, polled) if t is not None), default=None)
     held = s.scalar(select(func.coalesce(func.sum(Job.gpus), 0)).where(
         Job.malleable.is_(True), Job.state == "RUNNING"))
     rows = job_rows(s, jobs, targets, g)

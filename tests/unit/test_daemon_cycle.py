@@ -292,3 +292,19 @@ def test_a_stop_releases_a_job_held_mid_requeue(tmp_path):
     c.advance(5)
     j = c.job(p)                                      # restarted at the size it had
     assert j.state == JobState.RUNNING and j.gpus == 2 and j.restart_count == 1
+
+
+def test_a_poll_records_its_time_even_with_no_job(tmp_path):
+    """`malleable status` said "last poll: never" while the daemon polled an empty queue:
+    the time came from the jobs' last_seen only. A successful poll records its time; a
+    failed one does not."""
+    c = Cluster(tmp_path)
+    c.advance(5)
+    c.daemon.poll_cycle()
+    with c.sessions() as s:
+        first = store.get_setting(s, store.LAST_POLL_KEY)
+    assert first == c.engine.datetime_at().isoformat()
+    c.advance(30)
+    c.daemon.poll_cycle()
+    with c.sessions() as s:
+        assert store.get_setting(s, store.LAST_POLL_KEY) == c.engine.datetime_at().isoformat()

@@ -476,3 +476,13 @@ def test_status_counts_targets_of_jobs_that_have_not_ended(built, run):
     doc = js(run("status", "--json"))
     assert doc["gpus"] == {"held": 0, "target": 0}
     assert "0 held by malleable jobs, 0 targeted" in run("status").stdout
+
+
+def test_status_last_poll_is_the_daemon_s_recorded_poll(built, run):
+    eng = make_engine(built.url, create=False)
+    later = NOW - timedelta(seconds=3)
+    with session_factory(eng)() as s, s.begin():
+        store.set_setting(s, store.LAST_POLL_KEY, later.isoformat(), later)
+    eng.dispose()
+    doc = js(run("status", "--json"))
+    assert doc["last_poll"] == later.strftime("%Y-%m-%dT%H:%M:%SZ")
