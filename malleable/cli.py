@@ -13,6 +13,7 @@ naming the field and the value.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -38,6 +39,9 @@ COMMANDS: dict[str, str] = {
 }
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
 class LazyGroup(click.Group):
     """A click group that imports each registered subcommand on first use."""
 
@@ -53,6 +57,33 @@ class LazyGroup(click.Group):
             module_name, attr = self.lazy[name].split(":")
             return getattr(importlib.import_module(module_name), attr)
         return super().get_command(ctx, name)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):
+        """Run the command line; a usage error is one line on stderr and exit code 2.
+
+        Click's own form prints the usage, a hint and the error on three or four
+        lines; every other malleable error is one line ("malleable X: error: ..."),
+        and a usage error is now the same, with the command's --help named.
+        """
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            if isinstance(exc, _NO_ARGS_IS_HELP):   # a group without a command: its help
+                exc.show()
+                sys.exit(exc.exit_code)
+            path = exc.ctx.command_path if exc.ctx is not None else (prog_name or "malleable")
+            click.echo(f"{path}: error: {exc.format_message()} (see {path} --help)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

@@ -34,3 +34,22 @@ def test_unknown_command_is_usage_error():
     result = CliRunner().invoke(main, ["no-such-command"])
     assert result.exit_code == 2
     assert "no-such-command" in result.output
+
+
+def test_usage_errors_are_one_line_naming_the_command_and_its_help():
+    """Click printed usage, a hint and the error on three or four lines; every other
+    malleable error is one line, and so is a usage error now (exit 2)."""
+    exe = str(__import__("pathlib").Path(sys.executable).parent / "malleable")
+    for argv, words in ((["job", "show", "-1"], ["malleable job show: error:", "'-1'",
+                                                 "(see malleable job show --help)"]),
+                        (["actions", "--limit", "abc"], ["malleable actions: error:", "'abc'"]),
+                        (["no-such-command"], ["malleable: error:", "no-such-command"])):
+        proc = subprocess.run([exe, *argv], capture_output=True, text=True)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        for w in words:
+            assert w in lines[0], (w, lines[0])
+    # A group without its command still shows the group's help (exit 2, as click does).
+    proc = subprocess.run([exe, "db"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "upgrade" in proc.stdout + proc.stderr
