@@ -286,9 +286,13 @@ class PolluxPolicy(Policy):
         sp = x[np.arange(J), cols]
         objective = power_mean(sp, jobs.weight, prm.p, prm.eps)
         never = cannot_run_reason(grid, jobs, capacity)
+        fair = max(1, math.ceil(capacity.total / J))
         reasons = []
         for j in range(J):
             tag = "starving, placed first; " if up[j] else ""
-            reasons.append(never[j] or f"pollux: {tag}speedup {sp[j]:.2f} at {gpus[j]} GPUs")
+            # Pollux's speedup is relative to the job's goodput at the fair share, not
+            # at 1 GPU (`malleable job show` plots the latter): say so.
+            reasons.append(never[j] or f"pollux: {tag}{gpus[j]} GPUs, goodput {sp[j]:.2f}x "
+                                       f"that at the fair share of {fair}")
         return finish(jobs, gpus, reasons, order=order_from_keys(group, wait, -sp),
                       urgent=up, objective=objective)
