@@ -260,3 +260,29 @@ def test_sighup_with_a_bad_value_keeps_the_old_config_and_the_service(service, t
     service.reload()
     assert service.config.daemon.poll_interval_s == 10.0
     assert _interval(service, "poll") == timedelta(seconds=10)
+
+
+def test_sighup_that_fails_while_applying_keeps_the_old_config_and_timers(service, tmp_path,
+                                                                          monkeypatch, caplog):
+    """Anything failing after the file was accepted (here: the scheduler) is refused too,
+    and timers already rescheduled go back to their old intervals."""
+    old = service.config
+    real = service.scheduler.reschedule_job
+    calls = []
+
+    def reschedule(job_id, **kw):
+        calls.append((job_id, kw["seconds"]))
+        if job_id == "decide":
+            raise RuntimeError("scheduler says no")
+        return real(job_id, **kw)
+
+    monkeypatch.setattr(service.scheduler, "reschedule_job", reschedule)
+    p = write(tmp_path)
+    p.write_text(p.read_text() + "[daemon]\npoll_interval_s = 10\ndecide_interval_s = 20\n")
+    with caplog.at_level(logging.ERROR, logger="malleable.daemon.service"):
+        service.reload()
+    assert service.config is old and service.daemon.config is old
+    assert calls == [("poll", 10.0), ("decide", 20.0), ("poll", 30.0)]
+    assert _interval(service, "poll") == timedelta(seconds=30)
+    assert any("reload refused" in r.getMessage() and "scheduler says no" in r.getMessage()
+               for r in caplog.records)
