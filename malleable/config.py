@@ -3,9 +3,16 @@
 Every setting is a field of a frozen dataclass below, with its type, default
 and a one-line description (``metadata["doc"]``); `docs/configuration.md` is
 generated from these (``malleable config show --defaults`` prints them).
-`load_config` validates every key and value and raises `ConfigError` naming
-the key, the value and the expected type. Nothing here imports another
-malleable module.
+`load_config` validates every key and value and raises `ConfigError` (one
+line) naming the key, the value and what was expected: the type; for numbers
+a finite value within the field's bounds (``metadata["gt"|"ge"|"le"]``,
+written into the field's doc, so docs/configuration.md states them); for
+strings and lists the field's check (``metadata["check"]``: absolute paths, a
+supported SQLAlchemy URL, ``HOST:PORT``, a list of names). This module is the
+one place a value is checked: every command (``config show``, the daemon at
+start and on SIGHUP, the simulator) loads through it, and the environment
+override gets the same check as the file. Nothing here imports another
+malleable module (SQLAlchemy is imported when a database URL is checked).
 
 Precedence, highest first: environment (``MALLEABLE_DATABASE_URL``), the TOML
 file (``--config`` or ``$MALLEABLE_CONFIG`` or /etc/malleable/malleable.toml;
@@ -15,10 +22,13 @@ a missing default file is fine, a missing explicit file is an error), defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +42,118 @@ class ConfigError(ValueError):
     """A configuration file or value is unusable; the message names key, value and expectation."""
 
 
-def _f(default: Any, doc: str, **kw: Any) -> Any:
+DAY_S = 86400.0
+SUPPORTED_DATABASE_BACKENDS = ("sqlite", "postgresql")
+_ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})$")
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+def _bounds_text(md: dict) -> str:
+    """The bounds of a numeric field in words, e.g. "> 0 and <= 86400"."""
+    parts = []
+    if md.get("gt") is not None:
+        parts.append(f"> {_num(md['gt'])}")
+    if md.get("ge") is not None:
+        parts.append(f">= {_num(md['ge'])}")
+    if md.get("le") is not None:
+        parts.append(f"<= {_num(md['le'])}")
+    return " and ".join(parts)
+
+
+def _f(default: Any, doc: str, *, gt: float | None = None, ge: float | None = None,
+       le: float | None = None, note: str = "", **kw: Any) -> Any:
+    """A field with its doc; numeric bounds ``gt``/``ge``/``le`` are checked by `load_config`
+    and appended to the doc ("; > 0 and <= 86400 (1 day)", ``note`` in parentheses)."""
+    md = {k: v for k, v in (("gt", gt), ("ge", ge), ("le", le)) if v is not None}
+    if md:
+        doc = f"{doc}; {_bounds_text(md)}" + (f" ({note})" if note else "")
+    elif note:
+        doc = f"{doc}; {note}"
+    meta = {"doc": doc, **md, **kw}
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc, **kw})
-    return field(default=default, metadata={"doc": doc, **kw})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ---------------------------------------------------------------- string and list checks
+# Each takes the key (for the message) and the value (type already checked) and returns
+# the value, or raises ConfigError "KEY = VALUE: expected ...".
+
+
+def parse_metrics_address(address: str, key: str = "metrics.address") -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``; an empty host means every interface) to (host, port).
+
+    Used by the configuration check and by the exporter when it binds.
+
+    Raises:
+        ConfigError: (a ValueError) not host:port, or a port outside 1..65535; the
+            message names the key and the value.
+    """
+    m = _ADDRESS.match(address.strip())
+    port = int(m.group("port")) if m else -1
+    if m is None or not 1 <= port <= 65535:
+        raise ConfigError(f"{key} = {address!r}: expected host:port, e.g. "
+                          f"\"127.0.0.1:9464\" or \"[::1]:9464\" (\":9464\": every interface)")
+    host = m.group("v6") or m.group("host") or "0.0.0.0"
+    return host, port
+
+
+def _check_metrics_address(key: str, value: str) -> str:
+    if value:  # empty: no exporter
+        parse_metrics_address(value, key)
+    return value
+
+
+def _check_absolute_path(key: str, value: str) -> str:
+    if not value or not os.path.isabs(value):
+        raise ConfigError(f"{key} = {value!r}: expected an absolute path, "
+                          f"e.g. \"/var/spool/malleable/progress\"")
+    return value
+
+
+def _check_names(key: str, value: list) -> list:
+    if not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(f"{key} = {value!r}: expected a list of partition names "
+                          f"(strings), e.g. [\"gpu\", \"a100\"]")
+    return value
+
+
+def check_database_url(key: str, value: str) -> str:
+    """Refuse a database URL malleable cannot use; returns it unchanged.
+
+    Accepted: an SQLAlchemy URL whose backend is one of `SUPPORTED_DATABASE_BACKENDS`;
+    for SQLite, the database file as an absolute path (``sqlite:////ABS/PATH``, four
+    slashes) or in memory (``sqlite://``). A password never appears in the message.
+
+    Raises:
+        ConfigError: ``KEY = URL: expected ...`` (one line).
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    example = "sqlite:////ABS/PATH.db or postgresql+psycopg://USER@HOST/DB"
+    try:
+        u = make_url(value)
+    except (ArgumentError, ValueError):
+        hidden = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", value)
+        raise ConfigError(f"{key} = {hidden!r}: expected an SQLAlchemy URL, e.g. "
+                          f"{example}") from None
+    shown = u.render_as_string(hide_password=True)
+    backend = u.get_backend_name()
+    if backend not in SUPPORTED_DATABASE_BACKENDS:
+        raise ConfigError(f"{key} = {shown!r}: database backend {backend!r} is not supported "
+                          f"(expected {' or '.join(SUPPORTED_DATABASE_BACKENDS)}: {example})")
+    db = u.database or ""
+    target = db[len("file:"):] if db.startswith("file:") else db
+    in_memory = target in ("", ":memory:") or u.query.get("mode") == "memory"
+    if backend == "sqlite" and not in_memory and not os.path.isabs(target):
+        raise ConfigError(f"{key} = {shown!r}: expected the SQLite file as an absolute path, "
+                          f"sqlite:////ABS/PATH.db (four slashes; this one is relative to "
+                          f"the working directory)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -43,8 +161,11 @@ class DatabaseConfig:
     """Where the state store lives."""
 
     url: str = _f("sqlite:////var/lib/malleable/malleable.db",
-                  "SQLAlchemy URL; sqlite:///ABS/PATH (default) or postgresql+psycopg://...")
-    busy_timeout_ms: int = _f(30000, "SQLite busy_timeout: how long a writer waits for a lock, ms")
+                  "SQLAlchemy URL; sqlite:///ABS/PATH (default) or postgresql+psycopg://...",
+                  note="backend sqlite or postgresql; an SQLite file by its absolute path",
+                  check=check_database_url)
+    busy_timeout_ms: int = _f(30000, "SQLite busy_timeout: how long a writer waits for a lock, "
+                              "ms", ge=0, le=3_600_000, note="1 hour; 0: no wait")
 
 
 @dataclass(frozen=True)
@@ -53,32 +174,45 @@ class SlurmConfig:
 
     backend: str = _f("auto", "auto | cli | pyslurm (auto: pyslurm if it imports and matches)",
                       choices=("auto", "cli", "pyslurm"))
-    command_timeout_s: float = _f(30.0, "timeout of one Slurm command, seconds")
-    partitions: list = _f([], "partitions whose malleable jobs are managed; empty = all")
-    max_retries: int = _f(3, "retries of an unanswered Slurm call, with exponential back-off")
+    command_timeout_s: float = _f(30.0, "timeout of one Slurm command, seconds",
+                                  gt=0, le=3600, note="1 hour")
+    partitions: list = _f([], "partitions whose malleable jobs are managed; empty = all",
+                          note="a list of names, e.g. [\"gpu\"]", check=_check_names)
+    max_retries: int = _f(3, "retries of an unanswered Slurm call, with exponential back-off",
+                          ge=0, le=10, note="0: no retry")
 
 
 @dataclass(frozen=True)
 class ProgressConfig:
     """Where jobs write progress and how it is read."""
 
-    spool_dir: str = _f("/var/spool/malleable/progress", "directory of per-job progress files")
-    max_bytes_per_job: int = _f(1 << 20, "bytes read per job per ingest cycle")
-    max_future_s: float = _f(300.0, "a line timestamped further in the future is rejected, s")
+    spool_dir: str = _f("/var/spool/malleable/progress", "directory of per-job progress files",
+                        note="an absolute path", check=_check_absolute_path)
+    max_bytes_per_job: int = _f(1 << 20, "bytes read per job per ingest cycle",
+                                ge=1, le=1 << 30, note="1 GiB")
+    max_future_s: float = _f(300.0, "a line timestamped further in the future is rejected, s",
+                             ge=0, le=DAY_S, note="1 day")
 
 
 @dataclass(frozen=True)
 class DaemonConfig:
     """The service's schedule and limits."""
 
-    poll_interval_s: float = _f(30.0, "how often Slurm is polled (one squeue per poll), s")
-    ingest_interval_s: float = _f(30.0, "how often progress files are read, s")
-    decide_interval_s: float = _f(60.0, "how often the policy runs and actions are applied, s")
-    housekeeping_interval_s: float = _f(3600.0, "how often retention runs, s")
-    max_concurrent_requeues: int = _f(4, "checkpoint-requeues in flight at once")
-    lease_timeout_s: float = _f(300.0, "a daemon lease older than this may be taken over, s")
+    poll_interval_s: float = _f(30.0, "how often Slurm is polled (one squeue per poll), s",
+                                gt=0, le=DAY_S, note="1 day")
+    ingest_interval_s: float = _f(30.0, "how often progress files are read, s",
+                                  gt=0, le=DAY_S, note="1 day")
+    decide_interval_s: float = _f(60.0, "how often the policy runs and actions are applied, s",
+                                  gt=0, le=DAY_S, note="1 day")
+    housekeeping_interval_s: float = _f(3600.0, "how often retention runs, s",
+                                        gt=0, le=7 * DAY_S, note="7 days")
+    max_concurrent_requeues: int = _f(4, "checkpoint-requeues in flight at once",
+                                      ge=1, le=1000)
+    lease_timeout_s: float = _f(300.0, "a daemon lease older than this may be taken over, s",
+                                ge=3, le=DAY_S,
+                                note="1 day; the heartbeat runs every third of it")
     requeue_backoff_s: float = _f(600.0, "first back-off after a job fails to checkpoint, s "
-                                  "(doubles each time)")
+                                  "(doubles each time)", gt=0, le=DAY_S, note="1 day")
     dry_run: bool = _f(False, "plan and log actions but change nothing in Slurm")
     log_level: str = _f("INFO", "DEBUG | INFO | WARNING | ERROR",
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -91,16 +225,21 @@ class PolicyConfig:
     name: str = _f("default", "policy name (see `malleable policy list`)")
     params: dict = _f({}, "policy parameters, e.g. {p = 0.7}")
     min_gain: float = _f(0.05, "a running job is changed only if the estimated relative gain "
-                         "exceeds the restart cost by this fraction")
-    cooldown_s: float = _f(300.0, "no change to a job sooner than this after its last change, s")
-    default_restart_cost_s: float = _f(60.0, "restart cost assumed before one is measured, s")
+                         "exceeds the restart cost by this fraction", ge=0, le=1,
+                         note="0: any gain; 1: no grow can qualify")
+    cooldown_s: float = _f(300.0, "no change to a job sooner than this after its last change, s",
+                           ge=0, le=DAY_S, note="1 day; 0: no cool-down")
+    default_restart_cost_s: float = _f(60.0, "restart cost assumed before one is measured, s",
+                                       ge=0, le=DAY_S, note="1 day")
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
     """The Prometheus exporter."""
 
-    address: str = _f("", "host:port to serve /metrics on; empty = off")
+    address: str = _f("", "host:port to serve /metrics on; empty = off",
+                      note="port 1..65535; \"[::1]:9464\" for IPv6, \":9464\" every interface",
+                      check=_check_metrics_address)
 
 
 @dataclass(frozen=True)
@@ -114,10 +253,12 @@ class OperatorConfig:
 class RetentionConfig:
     """How long history is kept."""
 
-    finished_job_days: float = _f(30.0, "finished jobs older than this are pruned, days")
+    finished_job_days: float = _f(30.0, "finished jobs older than this are pruned, days",
+                                  gt=0, le=36500, note="100 years")
     progress_full_s: float = _f(3600.0, "progress samples younger than this are kept at full "
-                                "resolution, s")
-    progress_max_per_job: int = _f(2000, "progress samples kept per job after downsampling")
+                                "resolution, s", gt=0, le=365 * DAY_S, note="365 days")
+    progress_max_per_job: int = _f(2000, "progress samples kept per job after downsampling",
+                                   ge=1, le=10_000_000)
 
 
 @dataclass(frozen=True)
@@ -141,18 +282,39 @@ def _type_name(tp: Any) -> str:
 
 
 def _check_value(key: str, value: Any, f: dataclasses.Field, tp: Any) -> Any:
+    """One value of the file (or the environment), converted (int -> float) and checked.
+
+    Raises:
+        ConfigError: ``KEY = VALUE: expected ...``: the wrong type, not one of the
+            choices, a number that is not finite or outside the field's bounds, or a
+            string or list the field's check refuses.
+    """
     # bool is an int in Python; TOML keeps them apart, and so do we.
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        shown, value = value, float(value)
+    else:
+        shown = value
     ok = isinstance(value, tp) and not (tp in (int, float) and isinstance(value, bool))
     if not ok:
         raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}, "
                           f"got {_type_name(type(value))}")
-    choices = f.metadata.get("choices")
+    md = f.metadata
+    choices = md.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{key} = {value!r}: expected one of {', '.join(choices)}")
-    if tp in (int, float) and key.rsplit(".", 1)[-1] != "params" and value < 0:
-        raise ConfigError(f"{key} = {value!r}: expected a value >= 0")
+    if tp in (int, float):
+        what = "an integer" if tp is int else "a number"
+        if tp is float and not math.isfinite(value):
+            raise ConfigError(f"{key} = {shown!r}: expected a finite number"
+                              + (f" {_bounds_text(md)}" if _bounds_text(md) else ""))
+        bounds = md if any(k in md for k in ("gt", "ge", "le")) else {"ge": 0}
+        if (("gt" in bounds and not value > bounds["gt"])
+                or ("ge" in bounds and not value >= bounds["ge"])
+                or ("le" in bounds and not value <= bounds["le"])):
+            raise ConfigError(f"{key} = {shown!r}: expected {what} {_bounds_text(bounds)}")
+    check: Callable[[str, Any], Any] | None = md.get("check")
+    if check is not None:
+        value = check(key, value)
     return value
 
 
@@ -191,7 +353,9 @@ def parse_config(data: dict, source: str = "<dict>", env: dict | None = None) ->
         env: environment for overrides (default ``os.environ``).
 
     Raises:
-        ConfigError: an unknown section or key, or a value of the wrong type or range.
+        ConfigError: an unknown section or key, or a value of the wrong type, not finite,
+            out of its field's range or refused by its check (also ``$MALLEABLE_DATABASE_URL``);
+            one line naming the key and the value.
     """
     env = os.environ if env is None else env
     known = sections()
@@ -202,6 +366,7 @@ def parse_config(data: dict, source: str = "<dict>", env: dict | None = None) ->
     built = {name: _build_section(name, cls, data.get(name, {})) for name, cls in known.items()}
     url = env.get(ENV_DATABASE_URL)
     if url:
+        check_database_url(f"database.url (${ENV_DATABASE_URL})", url)
         built["database"] = dataclasses.replace(built["database"], url=url)
     return Config(**built, source=source)
 

@@ -45,7 +45,6 @@ and actions that finished before it started are not counted.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from datetime import UTC, datetime
 
@@ -54,7 +53,7 @@ from sqlalchemy import Engine, and_, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from malleable import __version__
-from malleable.config import Config
+from malleable.config import Config, parse_metrics_address
 from malleable.daemon.actions import Step
 from malleable.daemon.cycle import CycleReport
 from malleable.daemon.reconcile import ActionKind
@@ -68,23 +67,19 @@ log = logging.getLogger(__name__)
 
 CYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 RPC_BUCKETS = (0, 1, 2, 3, 5, 8, 13, 21, 34, 55)
-_ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})$")
 _TERMINAL = (Step.DONE.value, Step.ABANDONED.value, Step.FAILED.value)
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``; an empty host means every interface) to (host, port).
+    """``host:port`` (``[v6]:port``; an empty host means every interface) to (host, port):
+    the configuration's own check (`malleable.config.parse_metrics_address`), so that
+    ``config show`` and the exporter accept the same addresses.
 
     Raises:
-        ValueError: not host:port, or a port outside 1..65535 (names the key and value).
+        ValueError: (a `ConfigError`) not host:port, or a port outside 1..65535 (names the
+            key and value).
     """
-    m = _ADDRESS.match(address.strip())
-    port = int(m.group("port")) if m else -1
-    if m is None or not 1 <= port <= 65535:
-        raise ValueError(f"metrics.address = {address!r}: expected host:port, e.g. "
-                         f"\"127.0.0.1:9464\" or \"[::1]:9464\" (\":9464\": every interface)")
-    host = m.group("v6") or m.group("host") or "0.0.0.0"
-    return host, port
+    return parse_metrics_address(address)
 
 
 class Exporter:

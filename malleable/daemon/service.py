@@ -272,12 +272,17 @@ class Service:
                              daemon=True).start()
 
     def reload(self) -> None:
-        """SIGHUP: re-read the configuration; keep the old one if the new one is bad."""
+        """SIGHUP: re-read the configuration; keep the old one if the new one is bad.
+
+        Never raises (it runs in the signal handler, inside the scheduler's loop): a file
+        `load_config` refuses, a policy that cannot be built, or anything failing while
+        the new settings are applied logs "reload refused" and keeps the running ones.
+        """
         self.notifier.reloading()
         try:
             new = load_config(self.options.config_path)
             check_policy(new)
-        except (ConfigError, ValueError, OSError) as exc:
+        except Exception as exc:  # a reload must never stop the daemon
             log.error("reload refused, keeping the running configuration: %s", exc)
             self.notifier.ready("reload refused")
             return
@@ -288,18 +293,36 @@ class Service:
         if new.daemon.dry_run != self.config.daemon.dry_run:
             log.warning("daemon.dry_run changed in %s; it takes effect at the next restart",
                         new.source)
-        old = self.config.daemon
-        self.config = new
-        self.daemon.config = new
-        if self.scheduler is not None:
-            # Rescheduling restarts an interval from now: only timers whose interval
-            # changed are touched, so a reload does not delay the next decision.
-            for job_id, key in (("poll", "poll_interval_s"), ("ingest", "ingest_interval_s"),
-                                ("decide", "decide_interval_s"),
-                                ("housekeeping", "housekeeping_interval_s")):
-                seconds = getattr(new.daemon, key)
-                if seconds != getattr(old, key):
+        old_config = self.config
+        old = old_config.daemon
+        changed: list[tuple[str, float]] = []  # (job id, old interval) of timers rescheduled
+        try:
+            if self.scheduler is not None:
+                # Rescheduling restarts an interval from now: only timers whose interval
+                # changed are touched, so a reload does not delay the next decision.
+                for job_id, key in (("poll", "poll_interval_s"),
+                                    ("ingest", "ingest_interval_s"),
+                                    ("decide", "decide_interval_s"),
+                                    ("housekeeping", "housekeeping_interval_s")):
+                    seconds = getattr(new.daemon, key)
+                    if seconds != getattr(old, key):
+                        self.scheduler.reschedule_job(job_id, trigger="interval",
+                                                      seconds=seconds)
+                        changed.append((job_id, getattr(old, key)))
+            self.config = new
+            self.daemon.config = new
+        except Exception as exc:  # a reload must never stop the daemon
+            self.config = old_config
+            self.daemon.config = old_config
+            for job_id, seconds in changed:
+                try:
                     self.scheduler.reschedule_job(job_id, trigger="interval", seconds=seconds)
+                except Exception:  # keep going: the old timers are the best we have
+                    log.exception("restoring the %s timer to %g s failed", job_id, seconds)
+            log.error("reload refused, keeping the running configuration: applying %s "
+                      "failed: %s", new.source, exc)
+            self.notifier.ready("reload refused")
+            return
         log.info("configuration reloaded from %s (policy %s, poll %g s, decide %g s)",
                  new.source, new.policy.name, new.daemon.poll_interval_s,
                  new.daemon.decide_interval_s)

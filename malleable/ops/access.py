@@ -32,7 +32,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from malleable.config import Config, load_config
+from malleable.config import Config, check_database_url, load_config
 from malleable.db.engine import describe_url, engine_from_config, session_factory, sqlite_path
 from malleable.db.errors import DatabaseUnavailable
 from malleable.db.schema import check_schema
@@ -50,10 +50,12 @@ def effective_config(config_path: str | None, database_url: str | None) -> Confi
     """The configuration for a command: the file (or defaults), then ``--database-url``.
 
     Raises:
-        ConfigError: the file is missing (when named), unreadable or invalid.
+        ConfigError: the file is missing (when named), unreadable or invalid, or
+            ``--database-url`` is not a supported URL (the same check as ``[database] url``).
     """
     config = load_config(config_path)
     if database_url:
+        check_database_url("--database-url", database_url)
         config = dataclasses.replace(
             config, database=dataclasses.replace(config.database, url=database_url))
     return config

@@ -35,7 +35,7 @@ def test_env_overrides_database_url(tmp_path):
     ('[daemon]\npoll_interval_s = "fast"\n', ["daemon.poll_interval_s", "'fast'", "expected number"]),
     ('[daemon]\ndry_run = 1\n', ["daemon.dry_run", "expected boolean"]),
     ('[daemon]\nmax_concurrent_requeues = true\n', ["daemon.max_concurrent_requeues", "expected integer"]),
-    ('[daemon]\npoll_interval_s = -5\n', ["daemon.poll_interval_s", ">= 0"]),
+    ('[daemon]\npoll_interval_s = -5\n', ["daemon.poll_interval_s", "-5: expected a number > 0"]),
     ('[daemon]\nlog_level = "LOUD"\n', ["daemon.log_level", "LOUD", "one of"]),
     ('[daemon]\npoll_every = 3\n', ["daemon.poll_every", "unknown key"]),
     ('[deamon]\n', ["[deamon]", "unknown section"]),

@@ -364,8 +364,8 @@ def test_config_show_effective_and_defaults(run, cfg):
     assert doc["sections"]["database"]["url"] == "postgresql+psycopg://u:***@h/db"
     d = js(run("config", "show", "--defaults", "--json", config=False))
     assert d["sections"]["metrics"]["keys"]["address"] == {
-        "type": "string", "default": "", "doc": "host:port to serve /metrics on; empty = off",
-        "choices": None}
+        "type": "string", "default": "", "doc": "host:port to serve /metrics on; empty = off; "
+        "port 1..65535; \"[::1]:9464\" for IPv6, \":9464\" every interface", "choices": None}
     assert d["sections"]["slurm"]["keys"]["backend"]["choices"] == ["auto", "cli", "pyslurm"]
     # the commented defaults file, uncommented, is valid TOML holding every default
     text = run("config", "show", "--defaults", config=False).stdout
