@@ -49,6 +49,11 @@ def daemon_holds(s: Session, job_ids: Iterable[int]) -> set[int]:
     return held
 
 
+MAX_BACKOFF_S = 7 * 86400.0
+"""The longest requeue back-off, seconds (a week): a job that keeps missing its
+checkpoint is asked again at least this often."""
+
+
 def requeue_backoff(s: Session, job_ids: Iterable[int], now: datetime, base_s: float,
                     ) -> dict[int, datetime]:
     """Jobs backed off from requeues now, with the time the back-off ends.
@@ -56,7 +61,8 @@ def requeue_backoff(s: Session, job_ids: Iterable[int], now: datetime, base_s: f
     Args:
         job_ids: candidate ``jobs.id`` values.
         now: the daemon's clock.
-        base_s: the first back-off, seconds (``DaemonConfig.requeue_backoff_s``).
+        base_s: the first back-off, seconds (``DaemonConfig.requeue_backoff_s``); it
+            doubles with each missed checkpoint, up to `MAX_BACKOFF_S`.
 
     Returns:
         ``{jobs.id: until}`` for jobs whose back-off has not ended at ``now``.
@@ -70,7 +76,9 @@ def requeue_backoff(s: Session, job_ids: Iterable[int], now: datetime, base_s: f
         .where(JobEvent.job_id.in_(ids), JobEvent.kind == "no_checkpoint")
         .group_by(JobEvent.job_id))
     for job_id, n, last in rows:
-        until = last + timedelta(seconds=base_s * 2 ** (int(n) - 1))
+        # Capped: 2**(n-1) overflows a timedelta after ~30 missed checkpoints, and
+        # the decide cycle would then fail at every interval.
+        until = last + timedelta(seconds=min(MAX_BACKOFF_S, base_s * 2.0 ** min(int(n) - 1, 64)))
         if until > now:
             out[job_id] = until
     return out

@@ -6,7 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
+from malleable.daemon.history import (
+    MAX_BACKOFF_S,
+    daemon_holds,
+    reporting_runs,
+    requeue_backoff,
+)
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
 from malleable.slurm.records import JobState, SlurmJob
@@ -51,6 +56,19 @@ def test_backoff_doubles_per_missed_checkpoint(Session):
     with Session() as s:
         assert requeue_backoff(s, [jid], T0 + timedelta(seconds=150), 60)[jid] == \
             T0 + timedelta(seconds=220)
+
+
+def test_backoff_is_capped_after_many_missed_checkpoints(Session):
+    """2**(n-1) x 60 s overflowed a timedelta after ~30 missed checkpoints, and the
+    decide cycle then failed at every interval."""
+    with Session() as s, s.begin():
+        jid = jobs(s, "8")["8"]
+        for i in range(200):
+            store.add_job_event(s, jid, T0 + timedelta(seconds=i), "no_checkpoint")
+    with Session() as s:
+        last = T0 + timedelta(seconds=199)
+        assert requeue_backoff(s, [jid], last, 60)[jid] == \
+            last + timedelta(seconds=MAX_BACKOFF_S)
 
 
 def test_daemon_holds_follow_the_latest_finished_action(Session):
