@@ -46,7 +46,12 @@ from sqlalchemy.orm import sessionmaker
 from malleable.config import Config
 from malleable.daemon.actions import Step
 from malleable.daemon.actuator import Actuator, DriveReport
-from malleable.daemon.estimates import ESTIMATOR_MODEL, EstimatorBook, estimate_params
+from malleable.daemon.estimates import (
+    ESTIMATOR_MODEL,
+    EstimatorBook,
+    estimate_params_all,
+    json_floats,
+)
 from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
 from malleable.daemon.inputs import PolicyInputs, build_inputs
 from malleable.daemon.logs import job_logger, set_cycle
@@ -236,9 +241,11 @@ class Daemon:
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
         with self.sessions() as s, s.begin():
             # Active jobs, and those that ended lately (their last lines, e.g. `finished`).
-            rows = s.scalars(select(Job).where(Job.malleable.is_(True), (
-                Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
-                | (Job.last_seen >= recent)))).all()
+            # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
+            rows = s.execute(select(Job.id, Job.slurm_job_id, Job.uid).where(
+                Job.malleable.is_(True), (
+                    Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
+                    | (Job.last_seen >= recent))).order_by(Job.id)).all()
             report = ingest_progress(
                 s, [IngestJob.of(j) for j in rows], self.spool, now=now,
                 max_bytes_per_job=self.config.progress.max_bytes_per_job,
@@ -336,12 +343,15 @@ class Daemon:
                                       duration_s=duration, dry_run=self.dry_run,
                                       targets=targets)
             est = inputs.estimates
+            params = estimate_params_all(est)
+            remaining, remaining_sd = (json_floats(est.remaining_work),
+                                       json_floats(est.remaining_std))
+            flags = np.asarray(est.flags).tolist()
             store.record_estimates(s, ({
                 "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
-                "params": estimate_params(est, i),
-                "remaining_work": _finite(est.remaining_work[i]),
-                "remaining_work_sd": _finite(est.remaining_std[i]),
-                "flags": {"bits": int(est.flags[i])}} for i, j in enumerate(inputs.jobs)))
+                "params": params[i], "remaining_work": remaining[i],
+                "remaining_work_sd": remaining_sd[i],
+                "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)))
             report.decision_id = d.id
             report.objective = objective
             report.managed = len(inputs.jobs)
@@ -576,11 +586,6 @@ def _merge(a: DriveReport, b: DriveReport) -> DriveReport:
     return replace(a, calls=calls, finished=a.finished + b.finished,
                    abandoned_no_checkpoint=a.abandoned_no_checkpoint + b.abandoned_no_checkpoint,
                    slurm_unavailable=a.slurm_unavailable or b.slurm_unavailable)
-
-
-def _finite(x) -> float | None:
-    x = float(x)
-    return x if np.isfinite(x) else None
 
 
 __all__ = ["CycleReport", "Daemon", "SpecError", "spec_as_dict"]

@@ -263,6 +263,35 @@ def estimate_params(est: Estimates, row: int) -> dict:
             "m0": _json_float(est.m0[row])}
 
 
+def json_floats(a: np.ndarray) -> list:
+    """A (J,) or (J, C) float array as (nested) Python lists of floats, non-finite values
+    as None (JSON has no NaN; the same values as `_json_float` element by element)."""
+    a = np.asarray(a, dtype=np.float64)
+    out = a.tolist()
+    bad = ~np.isfinite(a)
+    if bad.any():
+        if a.ndim == 1:
+            for i in np.flatnonzero(bad):
+                out[i] = None
+        else:
+            for i, j in zip(*np.nonzero(bad), strict=True):
+                out[i][j] = None
+    return out
+
+
+def estimate_params_all(est: Estimates) -> list[dict]:
+    """`estimate_params` of every row of ``est`` (row order), converted in bulk.
+
+    Returns:
+        One dict per job, equal to ``estimate_params(est, row)``.
+    """
+    u, sd = json_floats(est.u), json_floats(est.log_sd)
+    p, phi, progress, m0 = (json_floats(est.power_p), json_floats(est.phi),
+                            json_floats(est.progress), json_floats(est.m0))
+    return [{"u": u[i], "log_sd": sd[i], "p": p[i], "phi": phi[i], "progress": progress[i],
+             "m0": m0[i]} for i in range(len(u))]
+
+
 def _chunks(seq: list, n: int):
     for i in range(0, len(seq), n):
         yield seq[i:i + n]

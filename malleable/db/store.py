@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Row, func, insert, select
+from sqlalchemy import Row, bindparam, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -86,6 +86,19 @@ def _parse(comment: str, parse_spec: SpecParser) -> tuple[dict | None, str | Non
     return (dict(spec) if spec is not None else None), None
 
 
+_JOB_FIELDS = ("spec_text", "name", "user", "uid", "account", "partition", "state", "reason",
+               "held", "gpus", "nodes", "gpus_per_node", "submit_time", "start_time",
+               "end_time", "restart_count")
+_EVENT_COLUMNS = ("job_id", "time", "kind", "old_state", "new_state", "old_gpus", "new_gpus",
+                  "old_nodes", "new_nodes", "detail")
+
+
+def _event(job_id: int, time: datetime, kind: str, **values: Any) -> dict[str, Any]:
+    row = dict.fromkeys(_EVENT_COLUMNS)
+    row.update(job_id=job_id, time=time, kind=kind, **values)
+    return row
+
+
 def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
                 parse_spec: SpecParser | None = None) -> UpsertResult:
     """Insert or update one row per Slurm job, writing a job event for every change.
@@ -93,6 +106,11 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     Events (`JobEvent.kind`): "new" on first sight; "state" when the state
     changes; "size" when GPUs or nodes change; "restart" when Slurm's restart
     count grows (a requeue).
+
+    Works on table rows (SQLAlchemy Core), not ORM entities: one SELECT of the
+    compared columns per 500 jobs, one INSERT per new job, one executemany per
+    set of changed columns and one for the events. `Job` entities the session
+    had loaded are expired (they reload on their next access).
 
     Args:
         session: an open read-write session (the caller commits).
@@ -109,60 +127,75 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         An `UpsertResult` with counts and the ``jobs.id`` of every job given.
     """
     incoming = {j.job_id: j for j in jobs}
-    existing: dict[str, Job] = {}
+    session.flush()  # pending ORM changes first (a Core SELECT does not autoflush)
+    t = Job.__table__
+    cols = [t.c.id, t.c.slurm_job_id, t.c.last_seen, t.c.attained_gpu_s,
+            *(t.c[f] for f in _JOB_FIELDS)]
+    existing: dict[str, Row] = {}
     for part in _chunks(list(incoming)):
-        for row in session.scalars(select(Job).where(Job.slurm_job_id.in_(part))):
+        for row in session.execute(select(*cols).where(t.c.slurm_job_id.in_(part))):
             existing[row.slurm_job_id] = row
     new = changed = 0
-    events: list[JobEvent] = []
+    events: list[dict[str, Any]] = []
+    ids: dict[str, int] = {}
+    updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for sid, sj in incoming.items():
         job = existing.get(sid)
         state = sj.state.value
-        if job is None:
-            job = Job(slurm_job_id=sid, first_seen=now, state=state, gpus=sj.gpus,
-                      nodes=sj.node_count, restart_count=sj.restart_count, malleable=False,
-                      arrival_time=sj.submit_time or now, attained_gpu_s=0.0)
-            session.add(job)
-            existing[sid] = job
-            events.append(JobEvent(job=job, time=now, kind="new", new_state=state,
-                                   new_gpus=sj.gpus, new_nodes=sj.node_count))
-            new += 1
-        else:
-            before = len(events)
-            if job.state == JobState.RUNNING.value and job.last_seen is not None:
-                # Attained service: the GPUs it held since the last poll, while running.
-                dt = (now - job.last_seen).total_seconds()
-                job.attained_gpu_s = (job.attained_gpu_s or 0.0) + max(0.0, dt) * job.gpus
-            if job.state != state:
-                events.append(JobEvent(job=job, time=now, kind="state", old_state=job.state,
-                                       new_state=state))
-            if job.gpus != sj.gpus or job.nodes != sj.node_count:
-                events.append(JobEvent(job=job, time=now, kind="size", old_gpus=job.gpus,
-                                       new_gpus=sj.gpus, old_nodes=job.nodes,
-                                       new_nodes=sj.node_count))
-            if sj.restart_count > job.restart_count:
-                events.append(JobEvent(job=job, time=now, kind="restart",
-                                       detail=str(sj.restart_count)))
-            changed += len(events) > before
         comment = sj.comment or None
-        if parse_spec is not None and (job.id is None or comment != job.spec_text):
+        values = {"spec_text": comment, "name": sj.name, "user": sj.user, "uid": sj.uid,
+                  "account": sj.account, "partition": sj.partition, "state": state,
+                  "reason": sj.reason, "held": sj.held, "gpus": sj.gpus,
+                  "nodes": sj.node_count, "gpus_per_node": sj.gpus_per_node,
+                  "submit_time": sj.submit_time, "start_time": sj.start_time,
+                  "end_time": sj.end_time, "restart_count": sj.restart_count}
+        if job is None:
+            row = {**values, "slurm_job_id": sid, "first_seen": now, "last_seen": now,
+                   "arrival_time": sj.submit_time or now, "attained_gpu_s": 0.0,
+                   "malleable": False, "spec": None, "spec_error": None}
+            if parse_spec is not None and comment:
+                spec, error = _parse(sj.comment, parse_spec)
+                row.update(spec=spec, spec_error=error, malleable=spec is not None)
+            jid = session.execute(insert(t).values(**row).returning(t.c.id)).scalar_one()
+            ids[sid] = jid
+            events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
+                                 new_nodes=sj.node_count))
+            new += 1
+            continue
+        jid = ids[sid] = job.id
+        before = len(events)
+        diff: dict[str, Any] = {"last_seen": now}
+        if job.state == JobState.RUNNING.value and job.last_seen is not None:
+            # Attained service: the GPUs it held since the last poll, while running.
+            dt = (now - job.last_seen).total_seconds()
+            diff["attained_gpu_s"] = (job.attained_gpu_s or 0.0) + max(0.0, dt) * job.gpus
+        if job.state != state:
+            events.append(_event(jid, now, "state", old_state=job.state, new_state=state))
+        if job.gpus != sj.gpus or job.nodes != sj.node_count:
+            events.append(_event(jid, now, "size", old_gpus=job.gpus, new_gpus=sj.gpus,
+                                 old_nodes=job.nodes, new_nodes=sj.node_count))
+        if sj.restart_count > job.restart_count:
+            events.append(_event(jid, now, "restart", detail=str(sj.restart_count)))
+        changed += len(events) > before
+        if parse_spec is not None and comment != job.spec_text:
             spec, error = _parse(sj.comment, parse_spec) if comment else (None, None)
-            job.spec, job.spec_error, job.malleable = spec, error, spec is not None
-        # Only what changed is set: an ORM attribute write costs more than a read.
-        for attr, value in (("spec_text", comment), ("name", sj.name), ("user", sj.user),
-                            ("uid", sj.uid), ("account", sj.account),
-                            ("partition", sj.partition), ("state", state),
-                            ("reason", sj.reason), ("held", sj.held), ("gpus", sj.gpus),
-                            ("nodes", sj.node_count), ("gpus_per_node", sj.gpus_per_node),
-                            ("submit_time", sj.submit_time), ("start_time", sj.start_time),
-                            ("end_time", sj.end_time), ("restart_count", sj.restart_count)):
-            if getattr(job, attr) != value:
-                setattr(job, attr, value)
-        job.last_seen = now
-    session.flush()
-    session.add_all(events)
-    session.flush()
-    return UpsertResult(new, changed, len(events), {sid: existing[sid].id for sid in incoming})
+            diff.update(spec=spec, spec_error=error, malleable=spec is not None)
+        # Only what changed is written.
+        for attr, value in values.items():
+            if job._mapping[attr] != value:
+                diff[attr] = value
+        updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
+    for keys, rows in updates.items():
+        stmt = update(t).where(t.c.id == bindparam("_id", type_=t.c.id.type)).values(
+            {k: bindparam(f"v_{k}", type_=t.c[k].type) for k in keys})
+        session.execute(stmt, [{"_id": r["_id"], **{f"v_{k}": r[k] for k in keys}}
+                               for r in rows])
+    if events:
+        session.execute(insert(JobEvent.__table__), events)
+    # `Job` entities this session had loaded would show the old values: reload on access.
+    for obj in [o for o in session.identity_map.values() if isinstance(o, Job)]:
+        session.expire(obj)
+    return UpsertResult(new, changed, len(events), ids)
 
 
 def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:
@@ -547,10 +580,12 @@ def active_policy(session: Session, default_name: str,
                   default_params: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """The active policy: (name, params) as set by an operator, else the given defaults
     (``[policy] name`` and ``params`` from the configuration)."""
-    name = get_setting(session, POLICY_NAME_KEY, None)
+    got = dict(session.execute(select(Setting.key, Setting.value).where(
+        Setting.key.in_((POLICY_NAME_KEY, POLICY_PARAMS_KEY)))).all())  # one query
+    name = got.get(POLICY_NAME_KEY)
     if name is None:
         return default_name, dict(default_params or {})
-    return str(name), dict(get_setting(session, POLICY_PARAMS_KEY, {}) or {})
+    return str(name), dict(got.get(POLICY_PARAMS_KEY) or {})
 
 
 def set_policy(session: Session, name: str, params: Mapping[str, Any] | None = None,
