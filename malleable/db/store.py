@@ -376,6 +376,71 @@ def save_progress_file(session: Session, *, job_id: int, path: str, device: int 
     return pf
 
 
+PROGRESS_FILE_COLUMNS = ("id", "job_id", "path", "device", "inode", "offset", "size",
+                         "last_read_at", "lines_accepted", "rejected")
+
+
+def progress_file_rows(session: Session, job_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """How far each job's progress file has been read, as plain dicts (no ORM entities).
+
+    Returns:
+        ``jobs.id`` -> dict with the keys ``PROGRESS_FILE_COLUMNS``, for the jobs that
+        have a `ProgressFile` row; pass them, changed, to `save_progress_files`.
+    """
+    t = ProgressFile.__table__
+    out: dict[int, dict[str, Any]] = {}
+    for part in _chunks(list(dict.fromkeys(job_ids))):
+        for row in session.execute(select(*(t.c[c] for c in PROGRESS_FILE_COLUMNS))
+                                   .where(t.c.job_id.in_(part))):
+            out[row.job_id] = dict(row._mapping)
+    return out
+
+
+def read_progress_file(pf: dict[str, Any] | None, *, job_id: int, path: str,
+                       device: int | None, inode: int | None, offset: int, size: int,
+                       now: datetime, accepted: int = 0,
+                       rejected: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """`save_progress_file` on a row dict of `progress_file_rows` (None: the job has no
+    row yet), in memory: returns the updated dict (``id`` None for a new row) for
+    `save_progress_files`.
+
+    Raises:
+        ValueError: a negative offset or size.
+    """
+    if offset < 0 or size < 0:
+        raise ValueError(f"progress file {path}: offset = {offset}, size = {size}: "
+                         "expected values >= 0")
+    if pf is None:
+        pf = {"id": None, "job_id": job_id, "rejected": {}, "lines_accepted": 0}
+    pf.update(path=path, device=device, inode=inode, offset=offset, size=size,
+              last_read_at=now, lines_accepted=(pf.get("lines_accepted") or 0) + accepted)
+    if rejected:
+        merged = dict(pf.get("rejected") or {})
+        for reason, count in rejected.items():
+            merged[reason] = int(merged.get(reason, 0)) + int(count)
+        pf["rejected"] = merged
+    return pf
+
+
+def save_progress_files(session: Session, rows: Iterable[dict[str, Any]]) -> int:
+    """Write row dicts of `read_progress_file`: one executemany for the rows that exist
+    (``id`` set), one for the new ones. Returns the number written."""
+    t = ProgressFile.__table__
+    rows = list(rows)
+    old = [r for r in rows if r.get("id") is not None]
+    new = [{c: r.get(c) for c in PROGRESS_FILE_COLUMNS if c != "id"} for r in rows
+           if r.get("id") is None]
+    keys = [c for c in PROGRESS_FILE_COLUMNS if c not in ("id", "job_id")]
+    if old:
+        stmt = update(t).where(t.c.id == bindparam("_id", type_=t.c.id.type)).values(
+            {k: bindparam(f"v_{k}", type_=t.c[k].type) for k in keys})
+        session.execute(stmt, [{"_id": r["id"], **{f"v_{k}": r[k] for k in keys}}
+                               for r in old])
+    if new:
+        session.execute(insert(t), new)
+    return len(rows)
+
+
 # ---------------------------------------------------------------- estimates and decisions
 
 
