@@ -330,9 +330,10 @@ class Daemon:
             return None
         t0 = self.timer()
         with self.sessions() as s, s.begin():
-            inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
-                                  seed=self.seed)
             name, params, policy = self._policy(s)
+            inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
+                                  seed=self.seed, with_size_history=getattr(
+                                      policy, "uses_size_history", True))
             alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
             duration = self.timer() - t0
             targets = [store.TargetIn(j.id, int(alloc.gpus[i]), int(alloc.batch[i]) or None,
@@ -367,12 +368,14 @@ class Daemon:
         """Reconcile the plan with what Slurm reports and start the actions it needs."""
         jobs = inputs.jobs
         g = inputs.capacity.gpus_per_node
-        if not (self.dry_run or paused):
-            self._supersede_observing(now, jobs, alloc, report.decision_id)
-        with self.sessions() as s:
+        # One transaction: the superseded OBSERVE steps end first, then the reads see them.
+        with self.sessions() as s, s.begin():
+            unfinished = store.unfinished_actions(s)
+            if not (self.dry_run or paused):
+                self._supersede_observing(s, now, jobs, alloc, report.decision_id, unfinished)
+                unfinished = [a for a in unfinished if a.finished_at is None]
             ids = [j.id for j in jobs]
             held = daemon_holds(s, ids)
-            unfinished = store.unfinished_actions(s)
             busy = {a.job_id for a in unfinished}
             backoff = requeue_backoff(s, ids, now, self.config.daemon.requeue_backoff_s)
             runs = reporting_runs(s, ids)
@@ -415,25 +418,28 @@ class Daemon:
         self.actuator.create(planned, now, decision_id=report.decision_id,
                              observed=self.observed)
 
-    def _supersede_observing(self, now: datetime, jobs: list[Job], alloc: Allocation,
-                             decision_id: int | None) -> None:
+    def _supersede_observing(self, s, now: datetime, jobs: list, alloc: Allocation,
+                             decision_id: int | None, unfinished: list) -> None:
         """End OBSERVE steps whose job the new plan wants at another size.
 
         At OBSERVE the daemon has released the job and only watches for it to run; a
         job Slurm keeps pending (e.g. its GPUs went to another job) would otherwise
         block the job's next action until the observe timeout.
+
+        Args:
+            s: the caller's read-write session (in a transaction; it commits).
+            unfinished: the unfinished `Action` entities of ``s`` (`store.unfinished_actions`).
         """
         target = {j.id: int(alloc.gpus[i]) for i, j in enumerate(jobs)}
-        with self.sessions() as s, s.begin():
-            for a in store.unfinished_actions(s):
-                k = target.get(a.job_id)
-                if a.state != Step.OBSERVE.value or k is None or k == a.to_gpus:
-                    continue
-                store.update_action(s, a.id, now=now, state=Step.DONE.value, finished=True,
-                                    note=f"superseded by decision {decision_id} (target {k} "
-                                         f"GPUs) while waiting to run on {a.to_gpus}")
-                log.info("action %d (%s) done: superseded by decision %s", a.id, a.kind,
-                         decision_id, extra={"job": self._sid(s, a.job_id)})
+        for a in unfinished:
+            k = target.get(a.job_id)
+            if a.state != Step.OBSERVE.value or k is None or k == a.to_gpus:
+                continue
+            store.update_action(s, a.id, now=now, state=Step.DONE.value, finished=True,
+                                note=f"superseded by decision {decision_id} (target {k} "
+                                     f"GPUs) while waiting to run on {a.to_gpus}")
+            log.info("action %d (%s) done: superseded by decision %s", a.id, a.kind,
+                     decision_id, extra={"job": self._sid(s, a.job_id)})
 
     @staticmethod
     def _sid(s, job_db_id: int) -> str:

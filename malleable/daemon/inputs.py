@@ -178,7 +178,7 @@ def size_history(s: Session, limit: int = 5000) -> np.ndarray:
 
 def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[SlurmNode],
                  book: EstimatorBook, now: datetime, config: Config, *, seed: int = 0,
-                 ) -> PolicyInputs:
+                 with_size_history: bool = True) -> PolicyInputs:
     """The policy's inputs for this cycle.
 
     Args:
@@ -190,6 +190,9 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
         now: the daemon's clock.
         config: settings (partitions, default restart cost).
         seed: the policy's seed.
+        with_size_history: read ``Context.size_history`` (finished jobs' attained
+            service); False leaves it empty, for a policy that does not use it
+            (`Policy.uses_size_history`).
 
     Returns:
         `PolicyInputs`. Never raises for one job's bad values: the job is excluded.
@@ -264,7 +267,8 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
                             for j in jobs], dtype=np.int64),
         restarts=np.array([j.restart_count for j in jobs], dtype=np.int64),
     )
-    context = Context(now=now_s, seed=seed, size_history=size_history(s))
+    context = Context(now=now_s, seed=seed,
+                      size_history=size_history(s) if with_size_history else np.zeros(0))
     digest = hashlib.sha256()
     for arr in (jobset.ids.astype(str), current, capacity.free_per_node,
                 np.round(table.goodput, 6), np.round(table.remaining_work, 3)):
