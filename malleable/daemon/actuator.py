@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from malleable.daemon.actions import FIRST_STEP, ActionState, Call, Observation, Step, advance
@@ -108,6 +108,17 @@ def _expected_after(job: SlurmJob, call: Call) -> SlurmJob:
     if m == "release":
         return replace(job, held=False)
     return job
+
+
+# Built once (building a statement costs more than running it); IN lists expand at run time.
+_CHECKPOINTED_ONE = select(func.max(JobEvent.time)).where(
+    JobEvent.job_id == bindparam("job"), JobEvent.kind == "checkpointed")
+_UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
+_ACTION_JOBS = select(Job.id, Job.slurm_job_id, Job.spec).where(
+    Job.id.in_(bindparam("ids", expanding=True)))
+_CHECKPOINTED = (select(JobEvent.job_id, func.max(JobEvent.time))
+                 .where(JobEvent.job_id.in_(bindparam("ids", expanding=True)),
+                        JobEvent.kind == "checkpointed").group_by(JobEvent.job_id))
 
 
 class Actuator:
@@ -199,19 +210,14 @@ class Actuator:
     def _unfinished(s: Session) -> tuple[list, dict[int, object], dict[int, datetime]]:
         """Unfinished actions (oldest first), their jobs (``jobs.id`` -> row) and each
         job's latest ``checkpointed`` event time, as read-only table rows (three queries)."""
-        actions = s.execute(select(Action.__table__).where(Action.finished_at.is_(None))
-                            .order_by(Action.id)).all()
+        actions = store.run_core(s, _UNFINISHED).all()
         ids = sorted({a.job_id for a in actions})
         jobs: dict[int, object] = {}
         checkpointed: dict[int, datetime] = {}
         for i in range(0, len(ids), 500):
             part = ids[i:i + 500]
-            jobs.update((j.id, j) for j in s.execute(
-                select(Job.id, Job.slurm_job_id, Job.spec).where(Job.id.in_(part))))
-            checkpointed.update(s.execute(
-                select(JobEvent.job_id, func.max(JobEvent.time))
-                .where(JobEvent.job_id.in_(part), JobEvent.kind == "checkpointed")
-                .group_by(JobEvent.job_id)).all())
+            jobs.update((j.id, j) for j in store.run_core(s, _ACTION_JOBS, {"ids": part}))
+            checkpointed.update(store.run_core(s, _CHECKPOINTED, {"ids": part}).all())
         return actions, jobs, checkpointed
 
     def _waits(self, a, job, checkpointed_at: datetime | None, now: datetime,
@@ -259,8 +265,7 @@ class Actuator:
 
     @staticmethod
     def _checkpointed_at(s: Session, job_db_id: int) -> datetime | None:
-        return s.scalar(select(func.max(JobEvent.time)).where(
-            JobEvent.job_id == job_db_id, JobEvent.kind == "checkpointed"))
+        return store.run_core(s, _CHECKPOINTED_ONE, {"job": job_db_id}).scalar()
 
     def _hook(self, state: ActionState, step: Step, phase: str) -> None:
         if self.step_hook is not None:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import sessionmaker
 
 from malleable.config import Config
@@ -58,7 +58,7 @@ from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
 from malleable.daemon.shapes import Shape
 from malleable.db import store
-from malleable.db.models import Job
+from malleable.db.models import Action, Job
 from malleable.policies.base import Allocation
 from malleable.policies.hysteresis import with_hysteresis
 from malleable.policies.registry import get_policy
@@ -71,6 +71,15 @@ from malleable.slurm.records import JobState, SlurmJob, SlurmNode
 from malleable.spec import SpecError, parse_spec
 
 log = logging.getLogger(__name__)
+
+# Built once (building a statement costs more than running it).
+_ACTIVE_IDS = select(Job.id, Job.slurm_job_id).where(
+    Job.state.in_(("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")))
+_UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
+# Malleable jobs whose progress is read: active ones, and those seen since ``recent``.
+_TO_INGEST = select(Job.id, Job.slurm_job_id, Job.uid).where(
+    Job.malleable.is_(True), (Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
+                              | (Job.last_seen >= bindparam("recent")))).order_by(Job.id)
 
 # Steps at which an action has not changed its job yet, while no call was attempted.
 _UNTOUCHED_STEPS = (Step.HOLD.value, Step.SHRINK.value)
@@ -210,8 +219,7 @@ class Daemon:
     def _mark_vanished(s, seen: set[str], now: datetime) -> None:
         """Jobs the store has as active that Slurm no longer reports: finished
         (purged after MinJobAge before a poll saw their end)."""
-        active = s.execute(select(Job.id, Job.slurm_job_id).where(
-            Job.state.in_(("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"))))
+        active = store.run_core(s, _ACTIVE_IDS)
         gone = [jid for jid, sid in active if sid not in seen]
         for job in (s.scalars(select(Job).where(Job.id.in_(gone))) if gone else ()):
             if job.slurm_job_id not in seen:
@@ -242,10 +250,7 @@ class Daemon:
         with self.sessions() as s, s.begin():
             # Active jobs, and those that ended lately (their last lines, e.g. `finished`).
             # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
-            rows = s.execute(select(Job.id, Job.slurm_job_id, Job.uid).where(
-                Job.malleable.is_(True), (
-                    Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
-                    | (Job.last_seen >= recent))).order_by(Job.id)).all()
+            rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
             report = ingest_progress(
                 s, [IngestJob.of(j) for j in rows], self.spool, now=now,
                 max_bytes_per_job=self.config.progress.max_bytes_per_job,
@@ -370,10 +375,11 @@ class Daemon:
         g = inputs.capacity.gpus_per_node
         # One transaction: the superseded OBSERVE steps end first, then the reads see them.
         with self.sessions() as s, s.begin():
-            unfinished = store.unfinished_actions(s)
+            unfinished = store.run_core(s, _UNFINISHED).all()
             if not (self.dry_run or paused):
-                self._supersede_observing(s, now, jobs, alloc, report.decision_id, unfinished)
-                unfinished = [a for a in unfinished if a.finished_at is None]
+                done = self._supersede_observing(s, now, jobs, alloc, report.decision_id,
+                                                 unfinished)
+                unfinished = [a for a in unfinished if a.id not in done]
             ids = [j.id for j in jobs]
             held = daemon_holds(s, ids)
             busy = {a.job_id for a in unfinished}
@@ -419,7 +425,7 @@ class Daemon:
                              observed=self.observed)
 
     def _supersede_observing(self, s, now: datetime, jobs: list, alloc: Allocation,
-                             decision_id: int | None, unfinished: list) -> None:
+                             decision_id: int | None, unfinished: list) -> set[int]:
         """End OBSERVE steps whose job the new plan wants at another size.
 
         At OBSERVE the daemon has released the job and only watches for it to run; a
@@ -428,9 +434,13 @@ class Daemon:
 
         Args:
             s: the caller's read-write session (in a transaction; it commits).
-            unfinished: the unfinished `Action` entities of ``s`` (`store.unfinished_actions`).
+            unfinished: the unfinished actions (rows of ``actions``, oldest first).
+
+        Returns:
+            The ids of the actions ended here.
         """
         target = {j.id: int(alloc.gpus[i]) for i, j in enumerate(jobs)}
+        done: set[int] = set()
         for a in unfinished:
             k = target.get(a.job_id)
             if a.state != Step.OBSERVE.value or k is None or k == a.to_gpus:
@@ -438,8 +448,10 @@ class Daemon:
             store.update_action(s, a.id, now=now, state=Step.DONE.value, finished=True,
                                 note=f"superseded by decision {decision_id} (target {k} "
                                      f"GPUs) while waiting to run on {a.to_gpus}")
+            done.add(a.id)
             log.info("action %d (%s) done: superseded by decision %s", a.id, a.kind,
                      decision_id, extra={"job": self._sid(s, a.job_id)})
+        return done
 
     @staticmethod
     def _sid(s, job_db_id: int) -> str:

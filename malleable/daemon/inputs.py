@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from malleable.config import Config
 from malleable.daemon.estimates import EstimatorBook
 from malleable.db.models import Action, Job, JobEvent, ProgressSample
+from malleable.db.store import run_core
 from malleable.estimators.pipeline import Estimates
 from malleable.policies.base import Capacity, Context, JobSet
 from malleable.slurm.hostlist import HostlistError, expand_hostlist
@@ -126,27 +127,37 @@ def capacity_for(nodes: Sequence[SlurmNode], observed: Iterable[SlurmJob], manag
     return Capacity(gpus_per_node=max(g, 1), free_per_node=np.array(free, dtype=np.int64))
 
 
+# Built once (building a statement costs more than running it); IN lists expand at run time.
+_IDS = bindparam("ids", expanding=True)
+_LAST_CHANGE = (select(JobEvent.job_id, func.max(JobEvent.time))
+                .where(JobEvent.job_id.in_(_IDS), JobEvent.kind.in_(("size", "restart")))
+                .group_by(JobEvent.job_id))
+_REQUESTED = (select(JobEvent.job_id, JobEvent.new_gpus)
+              .where(JobEvent.job_id.in_(_IDS), JobEvent.kind == "new"))
+_REQUEUES = (select(Action.job_id, Action.signalled_at, Action.finished_at)
+             .where(Action.job_id.in_(_IDS), Action.kind == "requeue",
+                    Action.state == "done", Action.to_gpus > 0,
+                    Action.signalled_at.is_not(None)))
+_MANAGED_ROWS = select(Job.__table__).where(Job.malleable.is_(True),
+                                            Job.state.in_(MANAGED_STATES))
+_SIZE_HISTORY = (select(Job.attained_gpu_s).where(
+    Job.malleable.is_(True), Job.state == JobState.COMPLETED.value,
+    Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(bindparam("limit")))
+
+
 def _last_change(s: Session, ids: list[int]) -> dict[int, datetime]:
-    rows = s.execute(select(JobEvent.job_id, func.max(JobEvent.time))
-                     .where(JobEvent.job_id.in_(ids), JobEvent.kind.in_(("size", "restart")))
-                     .group_by(JobEvent.job_id))
-    return {j: t for j, t in rows}
+    return {j: t for j, t in run_core(s, _LAST_CHANGE, {"ids": ids})}
 
 
 def _requested(s: Session, ids: list[int]) -> dict[int, int]:
-    rows = s.execute(select(JobEvent.job_id, JobEvent.new_gpus)
-                     .where(JobEvent.job_id.in_(ids), JobEvent.kind == "new"))
-    return {j: int(g or 0) for j, g in rows}
+    return {j: int(g or 0) for j, g in run_core(s, _REQUESTED, {"ids": ids})}
 
 
 def _measured_restart_cost(s: Session, ids: list[int]) -> dict[int, float]:
     """Median seconds from the checkpoint signal to running again, per job, over its
     completed checkpoint-requeues (save + queue + start; load time is in the job's
     own progress)."""
-    rows = s.execute(select(Action.job_id, Action.signalled_at, Action.finished_at)
-                     .where(Action.job_id.in_(ids), Action.kind == "requeue",
-                            Action.state == "done", Action.to_gpus > 0,
-                            Action.signalled_at.is_not(None)))
+    rows = run_core(s, _REQUEUES, {"ids": ids})
     per: dict[int, list[float]] = {}
     for j, a, b in rows:
         if a is not None and b is not None:
@@ -170,9 +181,7 @@ def _without_batch(s: Session, jobs: list[Job], book: EstimatorBook) -> list[Job
 
 def size_history(s: Session, limit: int = 5000) -> np.ndarray:
     """Attained service (GPU-seconds) of the latest finished malleable jobs, for Gittins."""
-    rows = s.execute(select(Job.attained_gpu_s).where(
-        Job.malleable.is_(True), Job.state == JobState.COMPLETED.value,
-        Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(limit))
+    rows = run_core(s, _SIZE_HISTORY, {"limit": limit})
     return np.array([float(r[0]) for r in rows], dtype=np.float64)
 
 
@@ -199,8 +208,7 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
     """
     partitions = list(config.slurm.partitions)
     # Read-only table rows (attributes as `Job`'s), not ORM entities: cheaper to load.
-    rows = s.execute(select(Job.__table__).where(Job.malleable.is_(True),
-                                                 Job.state.in_(MANAGED_STATES))).all()
+    rows = run_core(s, _MANAGED_ROWS).all()
     excluded: dict[str, str] = {}
     jobs: list[Job] = []
     for j in rows:

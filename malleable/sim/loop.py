@@ -424,14 +424,15 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
         db_engine.dispose()
 
 
+# One statement: is any action unfinished, and the paused setting.
+_IDLE = select(select(Action.id).where(Action.finished_at.is_(None)).exists(),
+               select(Setting.value).where(Setting.key == store.PAUSED_KEY).scalar_subquery())
+
+
 def _idle(sessions) -> bool:
     """No action in flight and not paused: a poll cycle would only poll and ingest."""
     with sessions() as s:
-        # One statement: is any action unfinished, and the paused setting.
-        busy, paused = s.execute(select(
-            select(Action.id).where(Action.finished_at.is_(None)).exists(),
-            select(Setting.value).where(Setting.key == store.PAUSED_KEY).scalar_subquery(),
-        )).one()
+        busy, paused = store.run_core(s, _IDLE).one()
         return not busy and not paused
 
 
