@@ -26,8 +26,9 @@ figures are per run):
    ended) when stopped.
 
 Printed per run: jobs, simulated hours, wall seconds, decide cycles, wall
-milliseconds per simulated minute and per decide cycle, and the wall time of
-the poll, ingest and decide cycles. The machine is shared with other
+milliseconds per simulated minute and per decide cycle, the wall time of
+the poll, ingest and decide cycles, and the first 16 hex digits of the run's
+``decisions_sha256`` (to check that a speed-up left every decision alone). The machine is shared with other
 engineers' test runs (its load average is printed with the results).
 
 Usage:
@@ -102,13 +103,14 @@ def one(name: str, jobs, policy: str, *, nodes: int = 16, gpn: int = 4,
            "ms_per_sim_min": wall / minutes * 1e3, "ms_per_decide": c.wall_s["decide"] / max(
                c.decides, 1) * 1e3, "poll_s": c.wall_s["poll"], "ingest_s": c.wall_s["ingest"],
            "decide_s": c.wall_s["decide"], "polls": c.polls, "ingests": c.ingests,
-           "avg_jct_s": r.summary["avg_jct_s"]}
+           "avg_jct_s": r.summary["avg_jct_s"], "sha": r.summary["decisions_sha256"]}
     print(f"{name:22s} {policy:8s} jobs={row['jobs']:5d} finished={row['finished']:5d} "
           f"sim={row['sim_h']:7.1f}h wall={wall:8.1f}s decides={c.decides:6d} "
           f"polls={c.polls:6d} ingests={c.ingests:6d} "
           f"ms/sim-min={row['ms_per_sim_min']:6.1f} ms/decide={row['ms_per_decide']:6.1f} "
           f"[poll {row['poll_s']:.1f}s ingest {row['ingest_s']:.1f}s "
-          f"decide {row['decide_s']:.1f}s] avg_jct={row['avg_jct_s']:.0f}s", flush=True)
+          f"decide {row['decide_s']:.1f}s] avg_jct={row['avg_jct_s']:.0f}s "
+          f"decisions_sha256={row['sha'][:16]}", flush=True)
     return row
 
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from malleable.daemon.actions import FIRST_STEP, ActionState, Call, Observation, Step, advance
@@ -108,6 +108,17 @@ def _expected_after(job: SlurmJob, call: Call) -> SlurmJob:
     if m == "release":
         return replace(job, held=False)
     return job
+
+
+# Built once (building a statement costs more than running it); IN lists expand at run time.
+_CHECKPOINTED_ONE = select(func.max(JobEvent.time)).where(
+    JobEvent.job_id == bindparam("job"), JobEvent.kind == "checkpointed")
+_UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
+_ACTION_JOBS = select(Job.id, Job.slurm_job_id, Job.spec).where(
+    Job.id.in_(bindparam("ids", expanding=True)))
+_CHECKPOINTED = (select(JobEvent.job_id, func.max(JobEvent.time))
+                 .where(JobEvent.job_id.in_(bindparam("ids", expanding=True)),
+                        JobEvent.kind == "checkpointed").group_by(JobEvent.job_id))
 
 
 class Actuator:
@@ -184,20 +195,65 @@ class Actuator:
         """
         report = DriveReport()
         with self.sessions() as s:
-            rows = [(a.id, a.job_id) for a in store.unfinished_actions(s)]
-        for action_id, _ in rows:
+            actions, jobs, checkpointed = self._unfinished(s)
+        for a in actions:
             if report.slurm_unavailable:
                 break
-            self._drive_one(action_id, now, observed, refresh, report)
+            job = jobs.get(a.job_id)
+            if job is not None and self._waits(a, job, checkpointed.get(a.job_id), now,
+                                               observed, refresh):
+                continue
+            self._drive_one(a.id, now, observed, refresh, report)
         return report
+
+    @staticmethod
+    def _unfinished(s: Session) -> tuple[list, dict[int, object], dict[int, datetime]]:
+        """Unfinished actions (oldest first), their jobs (``jobs.id`` -> row) and each
+        job's latest ``checkpointed`` event time, as read-only table rows (three queries)."""
+        actions = store.run_core(s, _UNFINISHED).all()
+        ids = sorted({a.job_id for a in actions})
+        jobs: dict[int, object] = {}
+        checkpointed: dict[int, datetime] = {}
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            jobs.update((j.id, j) for j in store.run_core(s, _ACTION_JOBS, {"ids": part}))
+            checkpointed.update(store.run_core(s, _CHECKPOINTED, {"ids": part}).all())
+        return actions, jobs, checkpointed
+
+    def _waits(self, a, job, checkpointed_at: datetime | None, now: datetime,
+               observed: dict[str, SlurmJob], refresh) -> bool:
+        """Whether `_drive_one` would change nothing for this action now (it is backing
+        off, or it waits with the note it has), judged from rows read before the loop
+        (a drive changes only its own action's row and its own job's ``observed``
+        entry, so the rows of the actions after it stay current). Runs the step hook
+        as `_drive_one` would. False: drive it (`_drive_one` reads everything again)."""
+        if a.next_attempt_at is not None and a.next_attempt_at > now:
+            return True
+        sj = observed.get(job.slurm_job_id)
+        if sj is None and refresh is not None:
+            return False
+        try:
+            state = self._state(a, job)
+            t = advance(state, Observation(sj, checkpointed_at, now))
+        except ValueError:
+            return False
+        if t.call is not None or not t.wait or a.note != t.note:
+            return False
+        if state.step in _WAITING_STEPS:
+            self._hook(state, state.step, "before")
+        return True
 
     def _load(self, s: Session, action_id: int) -> tuple[Action, Job, ActionState]:
         a = s.get(Action, action_id)
         job = s.get(Job, a.job_id)
+        return a, job, self._state(a, job)
+
+    def _state(self, a, job) -> ActionState:
+        """The state machine's view of action ``a`` of ``job`` (entities or rows)."""
         to_shape = None
         if a.to_gpus > 0 and a.to_nodes:
             to_shape = Shape(a.to_nodes, a.to_gpus // a.to_nodes)
-        state = ActionState(
+        return ActionState(
             job_id=job.slurm_job_id, kind=ActionKind(a.kind), step=Step(a.state),
             to_gpus=a.to_gpus, to_shape=to_shape,
             restart_count_at_start=a.restart_count_at_start,
@@ -206,12 +262,10 @@ class Actuator:
             grace_s=float(_spec_value(job, "grace_s", 120.0)),
             signalled_at=a.signalled_at, created_at=a.created_at,
             observe_timeout_s=self.observe_timeout_s)
-        return a, job, state
 
     @staticmethod
     def _checkpointed_at(s: Session, job_db_id: int) -> datetime | None:
-        return s.scalar(select(func.max(JobEvent.time)).where(
-            JobEvent.job_id == job_db_id, JobEvent.kind == "checkpointed"))
+        return store.run_core(s, _CHECKPOINTED_ONE, {"job": job_db_id}).scalar()
 
     def _hook(self, state: ActionState, step: Step, phase: str) -> None:
         if self.step_hook is not None:

@@ -40,20 +40,25 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import sessionmaker
 
 from malleable.config import Config
 from malleable.daemon.actions import Step
 from malleable.daemon.actuator import Actuator, DriveReport
-from malleable.daemon.estimates import ESTIMATOR_MODEL, EstimatorBook, estimate_params
+from malleable.daemon.estimates import (
+    ESTIMATOR_MODEL,
+    EstimatorBook,
+    estimate_params_all,
+    json_floats,
+)
 from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
 from malleable.daemon.inputs import PolicyInputs, build_inputs
 from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
 from malleable.daemon.shapes import Shape
 from malleable.db import store
-from malleable.db.models import Job
+from malleable.db.models import Action, Job
 from malleable.policies.base import Allocation
 from malleable.policies.hysteresis import with_hysteresis
 from malleable.policies.registry import get_policy
@@ -66,6 +71,15 @@ from malleable.slurm.records import JobState, SlurmJob, SlurmNode
 from malleable.spec import SpecError, parse_spec
 
 log = logging.getLogger(__name__)
+
+# Built once (building a statement costs more than running it).
+_ACTIVE_IDS = select(Job.id, Job.slurm_job_id).where(
+    Job.state.in_(("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")))
+_UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
+# Malleable jobs whose progress is read: active ones, and those seen since ``recent``.
+_TO_INGEST = select(Job.id, Job.slurm_job_id, Job.uid).where(
+    Job.malleable.is_(True), (Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
+                              | (Job.last_seen >= bindparam("recent")))).order_by(Job.id)
 
 # Steps at which an action has not changed its job yet, while no call was attempted.
 _UNTOUCHED_STEPS = (Step.HOLD.value, Step.SHRINK.value)
@@ -206,8 +220,7 @@ class Daemon:
     def _mark_vanished(s, seen: set[str], now: datetime) -> None:
         """Jobs the store has as active that Slurm no longer reports: finished
         (purged after MinJobAge before a poll saw their end)."""
-        active = s.execute(select(Job.id, Job.slurm_job_id).where(
-            Job.state.in_(("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"))))
+        active = store.run_core(s, _ACTIVE_IDS)
         gone = [jid for jid, sid in active if sid not in seen]
         for job in (s.scalars(select(Job).where(Job.id.in_(gone))) if gone else ()):
             if job.slurm_job_id not in seen:
@@ -237,9 +250,8 @@ class Daemon:
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
         with self.sessions() as s, s.begin():
             # Active jobs, and those that ended lately (their last lines, e.g. `finished`).
-            rows = s.scalars(select(Job).where(Job.malleable.is_(True), (
-                Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
-                | (Job.last_seen >= recent)))).all()
+            # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
+            rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
             report = ingest_progress(
                 s, [IngestJob.of(j) for j in rows], self.spool, now=now,
                 max_bytes_per_job=self.config.progress.max_bytes_per_job,
@@ -324,9 +336,10 @@ class Daemon:
             return None
         t0 = self.timer()
         with self.sessions() as s, s.begin():
-            inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
-                                  seed=self.seed)
             name, params, policy = self._policy(s)
+            inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
+                                  seed=self.seed, with_size_history=getattr(
+                                      policy, "uses_size_history", True))
             alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
             duration = self.timer() - t0
             targets = [store.TargetIn(j.id, int(alloc.gpus[i]), int(alloc.batch[i]) or None,
@@ -337,12 +350,15 @@ class Daemon:
                                       duration_s=duration, dry_run=self.dry_run,
                                       targets=targets)
             est = inputs.estimates
+            params = estimate_params_all(est)
+            remaining, remaining_sd = (json_floats(est.remaining_work),
+                                       json_floats(est.remaining_std))
+            flags = np.asarray(est.flags).tolist()
             store.record_estimates(s, ({
                 "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
-                "params": estimate_params(est, i),
-                "remaining_work": _finite(est.remaining_work[i]),
-                "remaining_work_sd": _finite(est.remaining_std[i]),
-                "flags": {"bits": int(est.flags[i])}} for i, j in enumerate(inputs.jobs)))
+                "params": params[i], "remaining_work": remaining[i],
+                "remaining_work_sd": remaining_sd[i],
+                "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)))
             report.decision_id = d.id
             report.objective = objective
             report.managed = len(inputs.jobs)
@@ -358,12 +374,15 @@ class Daemon:
         """Reconcile the plan with what Slurm reports and start the actions it needs."""
         jobs = inputs.jobs
         g = inputs.capacity.gpus_per_node
-        if not (self.dry_run or paused):
-            self._supersede_observing(now, jobs, alloc, report.decision_id)
-        with self.sessions() as s:
+        # One transaction: the superseded OBSERVE steps end first, then the reads see them.
+        with self.sessions() as s, s.begin():
+            unfinished = store.run_core(s, _UNFINISHED).all()
+            if not (self.dry_run or paused):
+                done = self._supersede_observing(s, now, jobs, alloc, report.decision_id,
+                                                 unfinished)
+                unfinished = [a for a in unfinished if a.id not in done]
             ids = [j.id for j in jobs]
             held = daemon_holds(s, ids)
-            unfinished = store.unfinished_actions(s)
             busy = {a.job_id for a in unfinished}
             backoff = requeue_backoff(s, ids, now, self.config.daemon.requeue_backoff_s)
             runs = reporting_runs(s, ids)
@@ -406,25 +425,34 @@ class Daemon:
         self.actuator.create(planned, now, decision_id=report.decision_id,
                              observed=self.observed)
 
-    def _supersede_observing(self, now: datetime, jobs: list[Job], alloc: Allocation,
-                             decision_id: int | None) -> None:
+    def _supersede_observing(self, s, now: datetime, jobs: list, alloc: Allocation,
+                             decision_id: int | None, unfinished: list) -> set[int]:
         """End OBSERVE steps whose job the new plan wants at another size.
 
         At OBSERVE the daemon has released the job and only watches for it to run; a
         job Slurm keeps pending (e.g. its GPUs went to another job) would otherwise
         block the job's next action until the observe timeout.
+
+        Args:
+            s: the caller's read-write session (in a transaction; it commits).
+            unfinished: the unfinished actions (rows of ``actions``, oldest first).
+
+        Returns:
+            The ids of the actions ended here.
         """
         target = {j.id: int(alloc.gpus[i]) for i, j in enumerate(jobs)}
-        with self.sessions() as s, s.begin():
-            for a in store.unfinished_actions(s):
-                k = target.get(a.job_id)
-                if a.state != Step.OBSERVE.value or k is None or k == a.to_gpus:
-                    continue
-                store.update_action(s, a.id, now=now, state=Step.DONE.value, finished=True,
-                                    note=f"superseded by decision {decision_id} (target {k} "
-                                         f"GPUs) while waiting to run on {a.to_gpus}")
-                log.info("action %d (%s) done: superseded by decision %s", a.id, a.kind,
-                         decision_id, extra={"job": self._sid(s, a.job_id)})
+        done: set[int] = set()
+        for a in unfinished:
+            k = target.get(a.job_id)
+            if a.state != Step.OBSERVE.value or k is None or k == a.to_gpus:
+                continue
+            store.update_action(s, a.id, now=now, state=Step.DONE.value, finished=True,
+                                note=f"superseded by decision {decision_id} (target {k} "
+                                     f"GPUs) while waiting to run on {a.to_gpus}")
+            done.add(a.id)
+            log.info("action %d (%s) done: superseded by decision %s", a.id, a.kind,
+                     decision_id, extra={"job": self._sid(s, a.job_id)})
+        return done
 
     @staticmethod
     def _sid(s, job_db_id: int) -> str:
@@ -577,11 +605,6 @@ def _merge(a: DriveReport, b: DriveReport) -> DriveReport:
     return replace(a, calls=calls, finished=a.finished + b.finished,
                    abandoned_no_checkpoint=a.abandoned_no_checkpoint + b.abandoned_no_checkpoint,
                    slurm_unavailable=a.slurm_unavailable or b.slurm_unavailable)
-
-
-def _finite(x) -> float | None:
-    x = float(x)
-    return x if np.isfinite(x) else None
 
 
 __all__ = ["CycleReport", "Daemon", "SpecError", "spec_as_dict"]

@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from malleable.db.models import Estimate, Job, ProgressSample
+from malleable.db.store import run_core
 from malleable.estimators import (
     EstimatorConfig,
     EstimatorState,
@@ -40,6 +41,21 @@ from malleable.estimators.pipeline import Estimates
 from malleable.estimators.table import SpeedupTable
 
 ESTIMATOR_MODEL = "pollux"  # `Estimate.model`: the name of the throughput model the params belong to
+
+
+# Built once (building a statement costs more than running it); IN lists expand at run time.
+_SAMPLE_COLS = (ProgressSample.id, ProgressSample.job_id, ProgressSample.time,
+                ProgressSample.step, ProgressSample.samples, ProgressSample.gpus,
+                ProgressSample.nodes, ProgressSample.batch_size, ProgressSample.metric,
+                ProgressSample.grad_sqr, ProgressSample.grad_var, ProgressSample.restart)
+_TOP_SAMPLE = select(func.max(ProgressSample.id))
+_SAMPLES_SINCE = select(*_SAMPLE_COLS).where(
+    ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
+    ProgressSample.id > bindparam("lo"), ProgressSample.id <= bindparam("top"))
+_SAMPLES_ALL = select(*_SAMPLE_COLS).where(
+    ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
+    ProgressSample.id <= bindparam("top"))
+_COMPLETED = select(Job.id).where(Job.malleable.is_(True), Job.state == "COMPLETED")
 
 
 def group_key(job: Job) -> str:
@@ -155,23 +171,17 @@ class EstimatorBook:
     # ------------------------------------------------------------------ samples
 
     def _samples(self, s: Session, ids: list[int], new: list[int]) -> ProgressBatch:
-        cols = (ProgressSample.id, ProgressSample.job_id, ProgressSample.time,
-                ProgressSample.step, ProgressSample.samples, ProgressSample.gpus,
-                ProgressSample.nodes, ProgressSample.batch_size, ProgressSample.metric,
-                ProgressSample.grad_sqr, ProgressSample.grad_var, ProgressSample.restart)
         rows: list = []
-        top = int(s.scalar(select(func.max(ProgressSample.id))) or 0)
+        top = int(run_core(s, _TOP_SAMPLE).scalar() or 0)
         fresh = set(new)
         old = [j for j in ids if j not in fresh]
         # Jobs seen before: only the samples stored since the last cycle. New jobs
         # (and every job after a restart): all their stored samples.
         for chunk in _chunks(old, 500):
-            rows += s.execute(select(*cols).where(ProgressSample.job_id.in_(chunk),
-                                                  ProgressSample.id > self.watermark,
-                                                  ProgressSample.id <= top)).all()
+            rows += run_core(s, _SAMPLES_SINCE, {"ids": chunk, "lo": self.watermark,
+                                                 "top": top}).all()
         for chunk in _chunks(new, 500):
-            rows += s.execute(select(*cols).where(ProgressSample.job_id.in_(chunk),
-                                                  ProgressSample.id <= top)).all()
+            rows += run_core(s, _SAMPLES_ALL, {"ids": chunk, "top": top}).all()
         self.watermark = max(self.watermark, top)
         rows.sort(key=lambda r: (r.job_id, r.time, r.id))
         row_of = {jid: r for r, jid in enumerate(ids)}
@@ -199,8 +209,7 @@ class EstimatorBook:
         Only the estimates of jobs not seen yet are read (by job id, in chunks), so
         the cost does not grow with the estimates of jobs learned long ago.
         """
-        done = s.scalars(select(Job.id).where(Job.malleable.is_(True),
-                                              Job.state == "COMPLETED"))
+        done = run_core(s, _COMPLETED).scalars()
         todo = sorted(set(done) - self.finished.seen)
         for chunk in _chunks(todo, 500):
             last = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
@@ -261,6 +270,35 @@ def estimate_params(est: Estimates, row: int) -> dict:
             "phi": _json_float(est.phi[row]),
             "progress": _json_float(est.progress[row]),
             "m0": _json_float(est.m0[row])}
+
+
+def json_floats(a: np.ndarray) -> list:
+    """A (J,) or (J, C) float array as (nested) Python lists of floats, non-finite values
+    as None (JSON has no NaN; the same values as `_json_float` element by element)."""
+    a = np.asarray(a, dtype=np.float64)
+    out = a.tolist()
+    bad = ~np.isfinite(a)
+    if bad.any():
+        if a.ndim == 1:
+            for i in np.flatnonzero(bad):
+                out[i] = None
+        else:
+            for i, j in zip(*np.nonzero(bad), strict=True):
+                out[i][j] = None
+    return out
+
+
+def estimate_params_all(est: Estimates) -> list[dict]:
+    """`estimate_params` of every row of ``est`` (row order), converted in bulk.
+
+    Returns:
+        One dict per job, equal to ``estimate_params(est, row)``.
+    """
+    u, sd = json_floats(est.u), json_floats(est.log_sd)
+    p, phi, progress, m0 = (json_floats(est.power_p), json_floats(est.phi),
+                            json_floats(est.progress), json_floats(est.m0))
+    return [{"u": u[i], "log_sd": sd[i], "p": p[i], "phi": phi[i], "progress": progress[i],
+             "m0": m0[i]} for i in range(len(u))]
 
 
 def _chunks(seq: list, n: int):

@@ -18,12 +18,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from malleable.daemon.actions import Step
 from malleable.daemon.reconcile import ActionKind
 from malleable.db.models import Action, JobEvent, ProgressSample
+from malleable.db.store import run_core
+
+# Built once (building a statement costs more than running it); IN lists expand at run time.
+_IDS = bindparam("ids", expanding=True)
+_HOLDS = (select(Action.job_id, Action.kind, Action.to_gpus, Action.state)
+          .where(Action.job_id.in_(_IDS), Action.finished_at.is_not(None),
+                 Action.state == Step.DONE.value)
+          .order_by(Action.job_id, Action.id))
+_NO_CHECKPOINT = (select(JobEvent.job_id, func.count(), func.max(JobEvent.time))
+                  .where(JobEvent.job_id.in_(_IDS), JobEvent.kind == "no_checkpoint")
+                  .group_by(JobEvent.job_id))
+_RUNS = (select(ProgressSample.job_id, func.max(ProgressSample.restart))
+         .where(ProgressSample.job_id.in_(_IDS)).group_by(ProgressSample.job_id))
 
 
 def daemon_holds(s: Session, job_ids: Iterable[int]) -> set[int]:
@@ -36,11 +49,7 @@ def daemon_holds(s: Session, job_ids: Iterable[int]) -> set[int]:
     if not ids:
         return set()
     held: set[int] = set()
-    rows = s.execute(
-        select(Action.job_id, Action.kind, Action.to_gpus, Action.state)
-        .where(Action.job_id.in_(ids), Action.finished_at.is_not(None),
-               Action.state == Step.DONE.value)
-        .order_by(Action.job_id, Action.id))
+    rows = run_core(s, _HOLDS, {"ids": ids})
     for job_id, kind, to_gpus, _ in rows:
         if kind == ActionKind.HOLD.value or (kind == ActionKind.REQUEUE.value and to_gpus == 0):
             held.add(job_id)
@@ -71,10 +80,7 @@ def requeue_backoff(s: Session, job_ids: Iterable[int], now: datetime, base_s: f
     if not ids:
         return {}
     out: dict[int, datetime] = {}
-    rows = s.execute(
-        select(JobEvent.job_id, func.count(), func.max(JobEvent.time))
-        .where(JobEvent.job_id.in_(ids), JobEvent.kind == "no_checkpoint")
-        .group_by(JobEvent.job_id))
+    rows = run_core(s, _NO_CHECKPOINT, {"ids": ids})
     for job_id, n, last in rows:
         # Capped: 2**(n-1) overflows a timedelta after ~30 missed checkpoints, and
         # the decide cycle would then fail at every interval.
@@ -95,7 +101,5 @@ def reporting_runs(s: Session, job_ids: Iterable[int]) -> dict[int, int]:
     ids = list(job_ids)
     if not ids:
         return {}
-    rows = s.execute(select(ProgressSample.job_id, func.max(ProgressSample.restart))
-                     .where(ProgressSample.job_id.in_(ids))
-                     .group_by(ProgressSample.job_id))
+    rows = run_core(s, _RUNS, {"ids": ids})
     return {j: int(r if r is not None else 0) for j, r in rows}

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from malleable.config import Config
 from malleable.daemon.estimates import EstimatorBook
 from malleable.db.models import Action, Job, JobEvent, ProgressSample
+from malleable.db.store import run_core
 from malleable.estimators.pipeline import Estimates
 from malleable.policies.base import Capacity, Context, JobSet
 from malleable.slurm.hostlist import HostlistError, expand_hostlist
@@ -46,7 +47,8 @@ class PolicyInputs:
     """One cycle's policy inputs and what was left out.
 
     Attributes:
-        jobs: the `Job` rows in the JobSet's order.
+        jobs: the jobs' rows of the ``jobs`` table in the JobSet's order (read-only
+            rows with `Job`'s attributes: ``id``, ``slurm_job_id``, ``spec``, ...).
         jobset, capacity, context: the policy's records.
         estimates: the estimators' output for ``jobs`` (same order).
         excluded: Slurm id -> why a malleable job was left out this cycle.
@@ -125,27 +127,37 @@ def capacity_for(nodes: Sequence[SlurmNode], observed: Iterable[SlurmJob], manag
     return Capacity(gpus_per_node=max(g, 1), free_per_node=np.array(free, dtype=np.int64))
 
 
+# Built once (building a statement costs more than running it); IN lists expand at run time.
+_IDS = bindparam("ids", expanding=True)
+_LAST_CHANGE = (select(JobEvent.job_id, func.max(JobEvent.time))
+                .where(JobEvent.job_id.in_(_IDS), JobEvent.kind.in_(("size", "restart")))
+                .group_by(JobEvent.job_id))
+_REQUESTED = (select(JobEvent.job_id, JobEvent.new_gpus)
+              .where(JobEvent.job_id.in_(_IDS), JobEvent.kind == "new"))
+_REQUEUES = (select(Action.job_id, Action.signalled_at, Action.finished_at)
+             .where(Action.job_id.in_(_IDS), Action.kind == "requeue",
+                    Action.state == "done", Action.to_gpus > 0,
+                    Action.signalled_at.is_not(None)))
+_MANAGED_ROWS = select(Job.__table__).where(Job.malleable.is_(True),
+                                            Job.state.in_(MANAGED_STATES))
+_SIZE_HISTORY = (select(Job.attained_gpu_s).where(
+    Job.malleable.is_(True), Job.state == JobState.COMPLETED.value,
+    Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(bindparam("limit")))
+
+
 def _last_change(s: Session, ids: list[int]) -> dict[int, datetime]:
-    rows = s.execute(select(JobEvent.job_id, func.max(JobEvent.time))
-                     .where(JobEvent.job_id.in_(ids), JobEvent.kind.in_(("size", "restart")))
-                     .group_by(JobEvent.job_id))
-    return {j: t for j, t in rows}
+    return {j: t for j, t in run_core(s, _LAST_CHANGE, {"ids": ids})}
 
 
 def _requested(s: Session, ids: list[int]) -> dict[int, int]:
-    rows = s.execute(select(JobEvent.job_id, JobEvent.new_gpus)
-                     .where(JobEvent.job_id.in_(ids), JobEvent.kind == "new"))
-    return {j: int(g or 0) for j, g in rows}
+    return {j: int(g or 0) for j, g in run_core(s, _REQUESTED, {"ids": ids})}
 
 
 def _measured_restart_cost(s: Session, ids: list[int]) -> dict[int, float]:
     """Median seconds from the checkpoint signal to running again, per job, over its
     completed checkpoint-requeues (save + queue + start; load time is in the job's
     own progress)."""
-    rows = s.execute(select(Action.job_id, Action.signalled_at, Action.finished_at)
-                     .where(Action.job_id.in_(ids), Action.kind == "requeue",
-                            Action.state == "done", Action.to_gpus > 0,
-                            Action.signalled_at.is_not(None)))
+    rows = run_core(s, _REQUEUES, {"ids": ids})
     per: dict[int, list[float]] = {}
     for j, a, b in rows:
         if a is not None and b is not None:
@@ -169,15 +181,13 @@ def _without_batch(s: Session, jobs: list[Job], book: EstimatorBook) -> list[Job
 
 def size_history(s: Session, limit: int = 5000) -> np.ndarray:
     """Attained service (GPU-seconds) of the latest finished malleable jobs, for Gittins."""
-    rows = s.execute(select(Job.attained_gpu_s).where(
-        Job.malleable.is_(True), Job.state == JobState.COMPLETED.value,
-        Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(limit))
+    rows = run_core(s, _SIZE_HISTORY, {"limit": limit})
     return np.array([float(r[0]) for r in rows], dtype=np.float64)
 
 
 def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[SlurmNode],
                  book: EstimatorBook, now: datetime, config: Config, *, seed: int = 0,
-                 ) -> PolicyInputs:
+                 with_size_history: bool = True) -> PolicyInputs:
     """The policy's inputs for this cycle.
 
     Args:
@@ -189,13 +199,16 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
         now: the daemon's clock.
         config: settings (partitions, default restart cost).
         seed: the policy's seed.
+        with_size_history: read ``Context.size_history`` (finished jobs' attained
+            service); False leaves it empty, for a policy that does not use it
+            (`Policy.uses_size_history`).
 
     Returns:
         `PolicyInputs`. Never raises for one job's bad values: the job is excluded.
     """
     partitions = list(config.slurm.partitions)
-    rows = list(s.scalars(select(Job).where(Job.malleable.is_(True),
-                                            Job.state.in_(MANAGED_STATES))))
+    # Read-only table rows (attributes as `Job`'s), not ORM entities: cheaper to load.
+    rows = run_core(s, _MANAGED_ROWS).all()
     excluded: dict[str, str] = {}
     jobs: list[Job] = []
     for j in rows:
@@ -218,7 +231,8 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
     for j in unsized:
         excluded[j.slurm_job_id] = "no batch size known yet (none in its spec, no progress " \
                                    "logged): left to Slurm"
-    jobs = [j for j in jobs if j not in unsized]
+    unsized_ids = {j.id for j in unsized}
+    jobs = [j for j in jobs if j.id not in unsized_ids]
     jobs.sort(key=lambda j: (j.arrival_time or j.first_seen, j.id))
     for sid, why in excluded.items():
         log.debug("left out of this cycle: %s", why, extra={"job": sid})
@@ -261,7 +275,8 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
                             for j in jobs], dtype=np.int64),
         restarts=np.array([j.restart_count for j in jobs], dtype=np.int64),
     )
-    context = Context(now=now_s, seed=seed, size_history=size_history(s))
+    context = Context(now=now_s, seed=seed,
+                      size_history=size_history(s) if with_size_history else np.zeros(0))
     digest = hashlib.sha256()
     for arr in (jobset.ids.astype(str), current, capacity.free_per_node,
                 np.round(table.goodput, 6), np.round(table.remaining_work, 3)):

@@ -374,6 +374,9 @@ class Policy(abc.ABC):
     """
 
     name: ClassVar[str]
+    #: Whether `decide` reads ``Context.size_history`` (the caller may leave it empty
+    #: otherwise, and skip reading it from the state store).
+    uses_size_history: ClassVar[bool] = False
 
     @dataclass(frozen=True)
     class Params:

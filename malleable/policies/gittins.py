@@ -105,6 +105,7 @@ class GittinsPolicy(Policy):
     """Gittins index (from finished jobs' sizes) x speedup curve, greedy per GPU."""
 
     name = "gittins"
+    uses_size_history = True
 
     @dataclass(frozen=True)
     class Params:

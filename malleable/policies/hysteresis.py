@@ -71,6 +71,11 @@ class Hysteresis(Policy):
         super().__init__(min_gain=min_gain, cooldown_s=cooldown_s)
         self.inner = inner
 
+    @property
+    def uses_size_history(self) -> bool:  # type: ignore[override]
+        """As the wrapped policy."""
+        return self.inner.uses_size_history
+
     def __repr__(self) -> str:
         return f"Hysteresis({self.inner!r}, {self.params})"
 

@@ -48,7 +48,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from malleable.db import store
-from malleable.db.models import JobEvent, ProgressFile
+from malleable.db.models import JobEvent
 from malleable.progress.lines import Cursor, LineValidator, ProgressRecord
 from malleable.progress.reporter import MAX_LINE_BYTES
 from malleable.progress.spool import SpoolDir, process_read
@@ -164,15 +164,6 @@ def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor |
     return out
 
 
-def _progress_files(session: Session, job_ids: list[int]) -> dict[int, ProgressFile]:
-    out: dict[int, ProgressFile] = {}
-    for i in range(0, len(job_ids), _CHUNK):
-        part = job_ids[i:i + _CHUNK]
-        for pf in session.scalars(select(ProgressFile).where(ProgressFile.job_id.in_(part))):
-            out[pf.job_id] = pf
-    return out
-
-
 def _event_detail(rec: ProgressRecord) -> str:
     doc = {"step": rec.step, "samples": rec.samples, "gpus": rec.gpus, "nodes": rec.nodes,
            "batch": rec.batch, "restart": rec.restart}
@@ -212,28 +203,30 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
     report = IngestReport()
     now_s = now.timestamp()
     limit = max(int(max_bytes_per_job), MAX_LINE_BYTES + 1)
-    files = _progress_files(session, [j.db_id for j in jobs])
+    # Table rows as dicts, changed in memory and written in bulk at the end.
+    files = store.progress_file_rows(session, [j.db_id for j in jobs])
+    read_files: dict[int, dict] = {}
     cursors.load(session, [j.db_id for j in jobs])
     samples: list[store.SampleIn] = []
     for job in jobs:
         pf = files.get(job.db_id)
-        read = spool.read(job.slurm_job_id, job.uid, offset=pf.offset if pf else 0,
-                          device=pf.device if pf else None, inode=pf.inode if pf else None,
-                          max_bytes=limit)
+        read = spool.read(job.slurm_job_id, job.uid, offset=pf["offset"] if pf else 0,
+                          device=pf["device"] if pf else None,
+                          inode=pf["inode"] if pf else None, max_bytes=limit)
         if not read.exists:
             continue
         if read.problem is not None:
             report.problems[job.slurm_job_id] = read.detail
-            seen = pf is not None and (pf.device, pf.inode) == (read.device, read.inode) \
-                and pf.offset == 0 and read.problem.value in (pf.rejected or {})
+            seen = pf is not None and (pf["device"], pf["inode"]) == (read.device, read.inode) \
+                and pf["offset"] == 0 and read.problem.value in (pf["rejected"] or {})
             counts = {} if seen else {read.problem.value: 1}
             if counts:
                 report.rejected.update(counts)
                 report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(counts)
-            files[job.db_id] = store.save_progress_file(
-                session, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
+            files[job.db_id] = read_files[job.db_id] = store.read_progress_file(
+                pf, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
                 device=read.device, inode=read.inode, offset=0, size=read.size, now=now,
-                rejected=counts, row=pf, flush=False)
+                rejected=counts)
             continue
         if not read.data and pf is not None and not read.reset:
             continue
@@ -250,17 +243,17 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             if r.event in EVENT_KINDS:
                 store.add_job_event(session, job.db_id, _utc(r.t), r.event, _event_detail(r))
                 report.events += 1
-        files[job.db_id] = store.save_progress_file(
-            session, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
+        files[job.db_id] = read_files[job.db_id] = store.read_progress_file(
+            pf, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
             device=read.device, inode=read.inode, offset=result.offset, size=read.size,
-            now=now, accepted=len(result.records), rejected=dict(result.rejected), row=pf,
-            flush=False)
+            now=now, accepted=len(result.records), rejected=dict(result.rejected))
         report.jobs_read += 1
         report.bytes_read += result.bytes_read
         if result.rejected:
             report.rejected.update(result.rejected)
             report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(
                 result.rejected)
+    store.save_progress_files(session, read_files.values())
     report.samples = store.add_progress_samples(session, samples)
     session.flush()
     return report

@@ -80,7 +80,7 @@ from malleable.config import Config
 from malleable.daemon.cycle import Daemon
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
-from malleable.db.models import Action, Decision, Job, Target
+from malleable.db.models import Action, Decision, Job, Setting, Target
 from malleable.db.retention import apply_retention
 from malleable.sim.engine import PRIORITY_LATE, Engine
 from malleable.sim.jobs import write_progress_line
@@ -424,12 +424,16 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
         db_engine.dispose()
 
 
+# One statement: is any action unfinished, and the paused setting.
+_IDLE = select(select(Action.id).where(Action.finished_at.is_(None)).exists(),
+               select(Setting.value).where(Setting.key == store.PAUSED_KEY).scalar_subquery())
+
+
 def _idle(sessions) -> bool:
     """No action in flight and not paused: a poll cycle would only poll and ingest."""
     with sessions() as s:
-        busy = s.scalar(select(func.count()).select_from(Action)
-                        .where(Action.finished_at.is_(None)))
-        return not busy and not store.is_paused(s)
+        busy, paused = store.run_core(s, _IDLE).one()
+        return not busy and not paused
 
 
 def _outcomes(outcomes: list[JobOutcome], prepared: list[PreparedJob]) -> list[JobOutcome]:
