@@ -294,9 +294,9 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
                    curve=curve, **cfg)
 
 
-#: Smallest share of a half-life a report counts for: a report that covers no
-#: new samples (a ``started`` or ``checkpointed`` line, a line after lost work)
-#: decides phi only while the job has reported nothing else.
+#: Weight of a report that covers no new samples (a ``started`` or
+#: ``checkpointed`` line, a line after lost work): it decides phi only while the
+#: job has reported nothing else.
 _MIN_COVER = 1e-6
 
 
@@ -305,9 +305,9 @@ def _gns_decay(du: np.ndarray, h: float) -> tuple[np.ndarray, np.ndarray]:
 
     A report stands for the ``du`` steps at m0 it ends: the average of earlier
     reports decays by ``theta = 2^(-du/h)`` and the report's statistics enter
-    with weight ``1 - theta`` (at least `_MIN_COVER`). Over the steps it covers
-    this is AdaptDL's per-step exponential average (``theta = 0.999 ** scale``
-    per step, ``scale`` = batch / m0; petuum/adaptdl
+    with weight ``1 - theta`` (`_MIN_COVER` if it covers none). Over the steps
+    it covers this is AdaptDL's per-step exponential average (``theta = 0.999
+    ** scale`` per step, ``scale`` = batch / m0; petuum/adaptdl
     ``adaptdl/torch/gradient_noise_scale.py``, ``_update_avg``), whose 0.999 is
     ``h`` = ln 2 / -ln 0.999 = 692.8 steps: reporting every step, or once per
     ``du`` steps with the same values, or any split of the reports, gives the
@@ -322,7 +322,7 @@ def _gns_decay(du: np.ndarray, h: float) -> tuple[np.ndarray, np.ndarray]:
     """
     theta = np.exp2(-du / h)
     cover = -np.expm1(-du * (np.log(2.0) / h))            # 1 - theta, exact for small du
-    return theta, np.maximum(cover, _MIN_COVER)
+    return theta, np.where(du > 0, cover, _MIN_COVER)
 
 
 def _segment_ema(theta: np.ndarray, add: np.ndarray, starts: np.ndarray,

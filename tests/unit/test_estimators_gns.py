@@ -71,7 +71,7 @@ def test_phi_is_the_same_when_the_job_runs_40x_time_compressed():
     assert phi_of(compressed) == pytest.approx(phi_of(real), rel=1e-9)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(increments=st.lists(st.floats(1.0, 5e4), min_size=1, max_size=25),
        noise=st.lists(st.floats(0.01, 100.0), min_size=25, max_size=25),
        splits=st.lists(st.integers(1, 5), min_size=25, max_size=25),
