@@ -250,7 +250,7 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
     # does not depend on how samples are split into batches.
     ema = _segment_ema(theta, np.stack([c, c * np.where(gok, gsqr, 0.0),
                                         c * np.where(gok, gvar * ref_b, 0.0)], axis=1),
-                       starts, np.stack([state.gns_w[rows], state.gns_sqr[rows],
+                       starts, counts, np.stack([state.gns_w[rows], state.gns_sqr[rows],
                                          state.gns_var[rows]], axis=1))
     gns_w, gns_sqr, gns_var = state.gns_w.copy(), state.gns_sqr.copy(), state.gns_var.copy()
     gns_w[rows], gns_sqr[rows], gns_var[rows] = ema[seg_end].T
@@ -326,11 +326,12 @@ def _gns_decay(du: np.ndarray, h: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _segment_ema(theta: np.ndarray, add: np.ndarray, starts: np.ndarray,
-                 base: np.ndarray) -> np.ndarray:
+                 counts: np.ndarray, base: np.ndarray) -> np.ndarray:
     """Running ``x_i = theta_i * x_(i-1) + add_i`` within each segment, from ``base``.
 
     A parallel prefix scan (Hillis and Steele, CACM 1986) over the pairs
-    (theta, add), in ceil(log2 N) vectorized passes; the scan multiplies only by
+    (theta, add), in ceil(log2 of the longest segment) vectorized passes (one
+    for a daemon cycle's one or two lines per job); the scan multiplies only by
     factors in [0, 1] and adds non-negative terms, so no old value is scaled up
     (a running sum relative to the newest sample would cancel across segments).
 
@@ -338,6 +339,7 @@ def _segment_ema(theta: np.ndarray, add: np.ndarray, starts: np.ndarray,
         theta: (N,) float64 decay factors in [0, 1].
         add: (N, F) float64 terms added at each element.
         starts: (S,) int start index of each segment (sorted, starts[0] = 0).
+        counts: (S,) int length of each segment (they tile 0..N-1).
         base: (S, F) float64 value before each segment.
 
     Returns:
@@ -348,10 +350,10 @@ def _segment_ema(theta: np.ndarray, add: np.ndarray, starts: np.ndarray,
     x[starts] += theta[starts, None] * base
     a[starts] = 0.0                                       # nothing crosses a segment start
     d = 1
-    n = a.shape[0]
-    while d < n:
-        x[d:] = x[d:] + a[d:, None] * x[:-d]              # right side read before assignment
-        a[d:] = a[d:] * a[:-d]
+    longest = int(counts.max()) if counts.size else 0
+    while d < longest:                                    # a segment start stops every sum
+        x[d:] += a[d:, None] * x[:-d]                     # the product is taken first
+        a[d:] *= a[:-d]                                   # (numpy buffers the overlap)
         d *= 2
     return x
 
