@@ -172,9 +172,10 @@ Deviations that remain (the production loop, not modelling shortcuts):
 * Sizes are node-granular (k <= 4 or a multiple of 4); a 6-GPU request is 4 or
   8 (seeded randomized rounding); the artifact placed any count anywhere.
 * The policies decide on the estimators' throughput and gradient-noise
-  estimates from the jobs' progress lines; the artifact's Pollux used fitted
-  throughput and the exact current gradient statistics, its Optimus the true
-  curves. docs/simulator.md "Fidelity" analyses what this changes.
+  estimates from the jobs' progress lines (gradient statistics averaged over
+  693 optimizer steps at m0, AdaptDL's constant); the artifact's Pollux used
+  fitted throughput and the exact current gradient statistics, its Optimus the
+  true curves. docs/simulator.md "Fidelity" analyses what this changes.
 """
 
 
