@@ -27,15 +27,16 @@ Everything else is the daemon's default configuration (poll every 30 s).
 Usage:
   python benchmarks/bench_sim_fidelity.py [--out DIR] [--jobs N] [--reuse]
       [--reuse-base] [--policies pollux,las,optimus,static] [--workloads DIR]
-      [--what-if-gns-half-life S]
+      [--what-if-gns-half-life-steps N]
       [--what-if-poll-interval S]
   --reuse   build the table from the runs already in DIR (no simulation)
   --reuse-base
             take the policies' runs from DIR, run only the what-if columns
-  --what-if-gns-half-life S
-            also run ``pollux`` with the estimators' gradient-noise half-life at S
-            seconds instead of its default (EstimatorConfig.gns_half_life_s, 600 s),
-            a diagnostic column: not the daemon's configuration
+  --what-if-gns-half-life-steps N
+            also run ``pollux`` with the estimators' gradient-noise half-life at N
+            optimizer steps at m0 instead of its default
+            (EstimatorConfig.gns_half_life_steps, 693), a diagnostic column: not
+            the daemon's configuration
   --what-if-poll-interval S
             also run ``pollux`` with the daemon polling and ingesting every S seconds
             (default 30 s): a shorter wait from a job's checkpoint to its requeue;
@@ -92,7 +93,7 @@ def poll_config(poll_s: float) -> dict:
                                  "ingest_interval_s": poll_s}}
 
 
-def what_if_gns(workloads: list[Path], out: Path, half_life_s: float) -> list[dict]:
+def what_if_gns(workloads: list[Path], out: Path, half_life_steps: float) -> list[dict]:
     """``pollux`` with another gradient-noise half-life in the estimators (in this
     process: the daemon builds its `EstimatorBook` with the default configuration,
     so the default is replaced here for the duration of the runs)."""
@@ -106,7 +107,7 @@ def what_if_gns(workloads: list[Path], out: Path, half_life_s: float) -> list[di
 
     def init(self, config=None):
         original(self, config or dataclasses.replace(EstimatorConfig(),
-                                                     gns_half_life_s=half_life_s))
+                                                     gns_half_life_steps=half_life_steps))
 
     estimates.EstimatorBook.__init__ = init
     try:
@@ -171,9 +172,10 @@ Deviations that remain (the production loop, not modelling shortcuts):
 * Sizes are node-granular (k <= 4 or a multiple of 4); a 6-GPU request is 4 or
   8 (seeded randomized rounding); the artifact placed any count anywhere.
 * The policies decide on the estimators' throughput and gradient-noise
-  estimates from the jobs' progress lines; the artifact's Pollux used fitted
-  throughput and the exact current gradient statistics, its Optimus the true
-  curves. docs/simulator.md "Fidelity" analyses what this changes.
+  estimates from the jobs' progress lines (gradient statistics averaged over
+  693 optimizer steps at m0, AdaptDL's constant); the artifact's Pollux used
+  fitted throughput and the exact current gradient statistics, its Optimus the
+  true curves. docs/simulator.md "Fidelity" analyses what this changes.
 """
 
 
@@ -258,7 +260,7 @@ def main() -> int:
     ap.add_argument("--policies", default="pollux,las,optimus,static")
     ap.add_argument("--workloads", default=str(ROOT / "malleable/sim/data/pollux/workloads"))
     ap.add_argument("--table", default=str(ROOT / "benchmarks/results/sim_fidelity.md"))
-    ap.add_argument("--what-if-gns-half-life", type=float, default=None)
+    ap.add_argument("--what-if-gns-half-life-steps", type=float, default=None)
     ap.add_argument("--what-if-poll-interval", type=float, default=None)
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
@@ -278,18 +280,19 @@ def main() -> int:
     write_comparison(runs, out)
     columns = list(policies)
     extra: list[str] = []
-    if args.what_if_gns_half_life is not None:
-        name = f"pollux (gns half-life {args.what_if_gns_half_life:g} s)"
-        wout = out / f"what-if-gns-{args.what_if_gns_half_life:g}"
+    if args.what_if_gns_half_life_steps is not None:
+        hl = args.what_if_gns_half_life_steps
+        name = f"pollux (gns half-life {hl:g} steps)"
+        wout = out / f"what-if-gns-steps-{hl:g}"
         if not args.reuse:
-            what_if_gns(wl, wout, args.what_if_gns_half_life)
+            what_if_gns(wl, wout, hl)
         for r in collect(wout):
             r["summary"]["policy"] = name
             runs.append(r)
         columns.insert(1, name)
         extra = ["", f"`{name}`: the same pollux runs with the estimators' gradient-noise "
-                 f"half-life (`EstimatorConfig.gns_half_life_s`, default 600 s) set to "
-                 f"{args.what_if_gns_half_life:g} s, to measure how much of the difference "
+                 f"half-life (`EstimatorConfig.gns_half_life_steps`, default 693 steps at "
+                 f"m0) set to {hl:g} steps, to measure how much of the difference "
                  "comes from the estimate of the gradient noise scale (docs/simulator.md, "
                  "\"Fidelity\"). A diagnostic, not the daemon's configuration."]
     if args.what_if_poll_interval is not None:

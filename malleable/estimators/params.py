@@ -231,6 +231,16 @@ class ClusterDefault:
         )
 
 
+#: Settings of `EstimatorConfig` that no longer exist -> what to use instead.
+_REMOVED_KEYS = {
+    "gns_half_life_s": (
+        "gradient statistics are smoothed in training progress, not wall seconds; set "
+        "gns_half_life_steps (optimizer steps at the initial batch m0, default 693 = "
+        "AdaptDL's 0.999 per step). A wall-time half-life depended on how often a job "
+        "reports and on time compression (docs/estimators.md, section 4)"),
+}
+
+
 @dataclass(frozen=True)
 class EstimatorConfig:
     """Settings of the estimators (all have documented defaults).
@@ -238,8 +248,18 @@ class EstimatorConfig:
     Attributes:
         half_life_s: recency weighting of throughput samples: an interval that
             ended this many seconds before the job's newest one counts half.
-        gns_half_life_s: the same for gradient statistics (grad_sqr, grad_var),
-            which change as training progresses.
+        gns_half_life_steps: recency weighting of gradient statistics
+            (grad_sqr, grad_var), in training progress, not wall time: the
+            statistics a job reported this many optimizer steps at its initial
+            batch m0 ago count half. The unit is m0 samples processed (one step
+            at m0 = 1; a step at global batch m counts m/m0), so the estimate
+            does not depend on how often a job reports, how fast it runs or on
+            time compression. Default 693 steps: AdaptDL's own smoothing of
+            these statistics, a factor 0.999 per step at m0 (``theta =
+            0.999 ** scale`` with ``scale`` = batch / m0, petuum/adaptdl
+            ``adaptdl/torch/gradient_noise_scale.py``), half-life
+            ln 2 / -ln 0.999 = 692.8 steps. Replaces ``gns_half_life_s``
+            (wall seconds), which now raises ValueError.
         max_configs: configurations (k, n, m) remembered per job; when full,
             the one with the least weight is replaced.
         noise_log_sd: prior standard deviation of one interval's log iteration
@@ -263,7 +283,7 @@ class EstimatorConfig:
     """
 
     half_life_s: float = 3600.0
-    gns_half_life_s: float = 600.0
+    gns_half_life_steps: float = 693.0
     max_configs: int = 32
     noise_log_sd: float = 0.1
     noise_dof: float = 4.0
@@ -276,9 +296,16 @@ class EstimatorConfig:
     default_total_work: float = 1e7
     cluster: ClusterDefault = ClusterDefault()
 
+    def __new__(cls, *args, **kwargs):
+        for old_key, message in _REMOVED_KEYS.items():
+            if old_key in kwargs:
+                raise ValueError(f"EstimatorConfig.{old_key} was removed: {message}")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         checks = {
-            "half_life_s": self.half_life_s > 0, "gns_half_life_s": self.gns_half_life_s > 0,
+            "half_life_s": self.half_life_s > 0,
+            "gns_half_life_steps": self.gns_half_life_steps > 0,
             "max_configs": self.max_configs >= 1, "noise_log_sd": self.noise_log_sd > 0,
             "noise_dof": self.noise_dof > 0, "fit_iterations": self.fit_iterations >= 1,
             "batch_candidates": self.batch_candidates >= 2,

@@ -8,8 +8,11 @@ For J jobs (rows) the state keeps, without storing samples:
   job's weights decay by ``2^(-dt/half_life)`` as its newer samples arrive;
   when the table is full, a new configuration replaces the one with the
   least weight;
-* recency-weighted sums of grad_sqr and ref_batch * grad_var (the gradient
-  noise scale phi is their ratio, as adaptdl averages them);
+* exponential averages of grad_sqr and ref_batch * grad_var (the gradient
+  noise scale phi is their ratio, as adaptdl averages them), whose recency is
+  training progress, not wall time: a report weighs the steps at the initial
+  batch m0 (samples / m0) it covers (`update`,
+  `EstimatorConfig.gns_half_life_steps`);
 * the attained progress (samples at m0: samples weighted by E(m));
 * learning-curve statistics (`malleable.estimators.learning_curve`);
 * the last sample (to difference across batches) and the last fit (to
@@ -48,8 +51,9 @@ class EstimatorState:
         cfg_s1, cfg_s2: (J, C) weighted sums of log iteration time and its square.
         intervals: (J,) int64 usable throughput intervals seen.
         rejected: (J,) int64 samples or intervals dropped as unusable.
-        gns_w, gns_sqr, gns_var: (J,) recency-weighted sums of 1, grad_sqr and
-            ref_batch * grad_var.
+        gns_w, gns_sqr, gns_var: (J,) exponential averages over training
+            progress (`update`) of 1, grad_sqr and ref_batch * grad_var, not
+            normalised (gns_w <= 1 is the sum of the weights).
         progress: (J,) attained progress, samples at m0.
         curve: learning-curve statistics (`CurveStats`).
         u: (J, 7) the last fitted throughput parameters (NaN: none), warm start.
@@ -142,6 +146,16 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
            config: EstimatorConfig | None = None) -> EstimatorState:
     """Fold a batch of new progress samples into the state (returns a new state).
 
+    Recency: throughput intervals are weighted by wall time (``half_life_s``
+    seconds before the job's newest sample); gradient statistics by training
+    progress: a sample that adds ``du`` steps at m0 (samples / m0) to the
+    previous one stands for those steps, and weighs ``2^(-a/h) (1 - 2^(-du/h))``,
+    ``a`` its steps at m0 before the job's newest sample and ``h`` =
+    ``gns_half_life_steps`` (AdaptDL's per-step exponential average,
+    ``adaptdl/torch/gradient_noise_scale.py``, summed over the steps a report
+    covers). So phi does not depend on the times of the samples: the same job
+    reported twice as often, or 40x time-compressed, gives the same phi.
+
     Args:
         state: the current state of J jobs.
         batch: new samples (`ProgressBatch`); ``batch.job`` rows in [0, J).
@@ -215,39 +229,36 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
     t_ref[rows] = new_ref
     gap = np.where(known_ref, new_ref - old_ref, 0.0)
     decay = np.exp2(-gap / config.half_life_s)
-    gdecay = np.exp2(-gap / config.gns_half_life_s)
     age = np.repeat(new_ref, counts) - t                  # seconds before the newest sample
 
-    # --- gradient noise statistics (ratio of recency-weighted averages, as adaptdl).
-    with np.errstate(invalid="ignore"):
-        gok = (gsqr > 0) & (gvar >= 0) & np.isfinite(gsqr + gvar)
-    gns_w, gns_sqr, gns_var = state.gns_w.copy(), state.gns_sqr.copy(), state.gns_var.copy()
-    gns_w[rows] *= gdecay
-    gns_sqr[rows] *= gdecay
-    gns_var[rows] *= gdecay
-    if np.any(gok):
-        ref_b = specs.grad_ref_batch[jb]
-        ref_b = np.where(ref_b > 0, ref_b, bat)           # NaN (not > 0): the sample's batch
-        gw = np.where(gok, np.exp2(-age / config.gns_half_life_s), 0.0)
-        # phi as of each sample (running sums within the job), so that progress
-        # does not depend on how samples are split into batches.
-        run_sqr = _segment_cumsum(np.where(gok, gw * gsqr, 0.0), starts, counts, gns_sqr[rows])
-        run_var = _segment_cumsum(np.where(gok, gw * gvar * ref_b, 0.0), starts, counts,
-                                  gns_var[rows])
-        gns_w[rows] += np.add.reduceat(gw, starts)
-        gns_sqr[rows] = run_sqr[seg_end]
-        gns_var[rows] = run_var[seg_end]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            phi_at = np.where(run_sqr > 0, run_var / run_sqr, np.nan)
-    else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            phi_at = np.where(gns_sqr[jb] > 0, gns_var[jb] / gns_sqr[jb], np.nan)
-
-    # --- progress (samples at m0): every consecutive pair, E at the newer sample's batch.
+    # --- samples each sample adds to the previous one (progress, gradient statistics).
     prev_smp = previous(smp, 2)
     dsamples = smp - np.where(np.isfinite(prev_smp), prev_smp, 0.0)
     m0 = specs.init_batch[jb]
-    eff = efficiency(bat, np.where(m0 > 0, m0, bat), phi_at)
+    m0 = np.where(m0 > 0, m0, bat)                        # unusable m0: the sample's batch
+
+    # --- gradient noise statistics (ratio of exponential averages, as adaptdl), their
+    # recency in training progress (steps at m0), not wall time.
+    with np.errstate(invalid="ignore"):
+        gok = (gsqr > 0) & (gvar >= 0) & np.isfinite(gsqr + gvar)
+    du = np.maximum(dsamples, 0.0) / m0                   # steps at m0 this sample covers
+    theta, cover = _gns_decay(du, config.gns_half_life_steps)
+    ref_b = specs.grad_ref_batch[jb]
+    ref_b = np.where(ref_b > 0, ref_b, bat)               # NaN (not > 0): the sample's batch
+    c = np.where(gok, cover, 0.0)
+    # phi as of each sample (running averages within the job), so that progress
+    # does not depend on how samples are split into batches.
+    ema = _segment_ema(theta, np.stack([c, c * np.where(gok, gsqr, 0.0),
+                                        c * np.where(gok, gvar * ref_b, 0.0)], axis=1),
+                       starts, counts, np.stack([state.gns_w[rows], state.gns_sqr[rows],
+                                         state.gns_var[rows]], axis=1))
+    gns_w, gns_sqr, gns_var = state.gns_w.copy(), state.gns_sqr.copy(), state.gns_var.copy()
+    gns_w[rows], gns_sqr[rows], gns_var[rows] = ema[seg_end].T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        phi_at = np.where(ema[:, 1] > 0, ema[:, 2] / ema[:, 1], np.nan)
+
+    # --- progress (samples at m0): every consecutive pair, E at the newer sample's batch.
+    eff = efficiency(bat, m0, phi_at)
     prog_at = _segment_cumsum(dsamples * eff, starts, counts, state.progress[rows])
     progress = state.progress.copy()
     progress[rows] = prog_at[seg_end]
@@ -281,6 +292,70 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
     return replace(state, last=last, t_ref=t_ref, intervals=intervals, rejected=rejected,
                    gns_w=gns_w, gns_sqr=gns_sqr, gns_var=gns_var, progress=progress,
                    curve=curve, **cfg)
+
+
+#: Weight of a report that covers no new samples (a ``started`` or
+#: ``checkpointed`` line, a line after lost work): it decides phi only while the
+#: job has reported nothing else.
+_MIN_COVER = 1e-6
+
+
+def _gns_decay(du: np.ndarray, h: float) -> tuple[np.ndarray, np.ndarray]:
+    """Decay of the older statistics and weight of a report that covers ``du`` steps.
+
+    A report stands for the ``du`` steps at m0 it ends: the average of earlier
+    reports decays by ``theta = 2^(-du/h)`` and the report's statistics enter
+    with weight ``1 - theta`` (`_MIN_COVER` if it covers none). Over the steps
+    it covers this is AdaptDL's per-step exponential average (``theta = 0.999
+    ** scale`` per step, ``scale`` = batch / m0; petuum/adaptdl
+    ``adaptdl/torch/gradient_noise_scale.py``, ``_update_avg``), whose 0.999 is
+    ``h`` = ln 2 / -ln 0.999 = 692.8 steps: reporting every step, or once per
+    ``du`` steps with the same values, or any split of the reports, gives the
+    same average. Time does not enter.
+
+    Args:
+        du: (N,) float64 steps at m0 (samples / m0) each report covers, >= 0.
+        h: half-life, steps at m0, > 0.
+
+    Returns:
+        ``(theta, cover)``, each (N,) float64 in (0, 1].
+    """
+    theta = np.exp2(-du / h)
+    cover = -np.expm1(-du * (np.log(2.0) / h))            # 1 - theta, exact for small du
+    return theta, np.where(du > 0, cover, _MIN_COVER)
+
+
+def _segment_ema(theta: np.ndarray, add: np.ndarray, starts: np.ndarray,
+                 counts: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Running ``x_i = theta_i * x_(i-1) + add_i`` within each segment, from ``base``.
+
+    A parallel prefix scan (Hillis and Steele, CACM 1986) over the pairs
+    (theta, add), in ceil(log2 of the longest segment) vectorized passes (one
+    for a daemon cycle's one or two lines per job); the scan multiplies only by
+    factors in [0, 1] and adds non-negative terms, so no old value is scaled up
+    (a running sum relative to the newest sample would cancel across segments).
+
+    Args:
+        theta: (N,) float64 decay factors in [0, 1].
+        add: (N, F) float64 terms added at each element.
+        starts: (S,) int start index of each segment (sorted, starts[0] = 0).
+        counts: (S,) int length of each segment (they tile 0..N-1).
+        base: (S, F) float64 value before each segment.
+
+    Returns:
+        (N, F) float64 running values.
+    """
+    a = theta.copy()
+    x = add.copy()
+    x[starts] += theta[starts, None] * base
+    a[starts] = 0.0                                       # nothing crosses a segment start
+    d = 1
+    longest = int(counts.max()) if counts.size else 0
+    while d < longest:                                    # a segment start stops every sum
+        x[d:] += a[d:, None] * x[:-d]                     # the product is taken first
+        a[d:] *= a[:-d]                                   # (numpy buffers the overlap)
+        d *= 2
+    return x
 
 
 def _segment_cumsum(v: np.ndarray, starts: np.ndarray, counts: np.ndarray,

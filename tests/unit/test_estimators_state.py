@@ -83,7 +83,7 @@ def test_interval_across_a_configuration_change_is_not_a_throughput_sample():
 
 
 def test_incremental_update_equals_one_update():
-    cfg = EstimatorConfig(half_life_s=300.0, gns_half_life_s=100.0)
+    cfg = EstimatorConfig(half_life_s=300.0, gns_half_life_steps=100.0)
     rng = np.random.default_rng(3)
     parts = [job_samples(j, [(1, 1, 32, 10), (2, 1, 64, 10), (8, 2, 256, 10)],
                          rate=lambda k, n, m: 30.0 * k ** 0.8, noise=0.05, rng=rng,
