@@ -178,11 +178,12 @@ class Service:
         """
         timeout = self.config.daemon.lease_timeout_s
         held = read_lease(self.engine)
+        dead = None
         if held.holder and held.holder != self.holder and _dead_local(held.holder):
             log.warning("the lease holder %s is no process of this host any more (a daemon "
                         "that was killed); taking the lease over", held.holder)
-            timeout = 0.0
-        acquire_lease(self.engine, self.holder, timeout_s=timeout)
+            dead = held.holder
+        acquire_lease(self.engine, self.holder, timeout_s=timeout, dead_holder=dead)
 
     def _cluster(self) -> None:
         """Read and log the cluster and the node list at start (also primes the port's

@@ -94,7 +94,7 @@ def read_lease(engine: Engine) -> LeaseInfo:
 
 
 def acquire_lease(engine: Engine, holder: str, *, timeout_s: float,
-                  now: datetime | None = None) -> LeaseInfo:
+                  now: datetime | None = None, dead_holder: str | None = None) -> LeaseInfo:
     """Take the lease for ``holder``, if it is free, already ours, or stale.
 
     Args:
@@ -104,6 +104,9 @@ def acquire_lease(engine: Engine, holder: str, *, timeout_s: float,
             holder's timeout; a heartbeat older than the larger of this and the current
             holder's stored timeout makes the lease stale (free to take over).
         now: the caller's clock (aware UTC datetime); default the wall clock.
+        dead_holder: a holder the caller knows is dead (a process of this host that no
+            longer exists): if it still holds the lease, the lease is taken over at once,
+            whatever its heartbeat (still as a compare-and-swap on what was read).
 
     Returns:
         The lease as now held by ``holder``.
@@ -122,7 +125,8 @@ def acquire_lease(engine: Engine, holder: str, *, timeout_s: float,
         limit = max(timeout_s, seen.timeout_s or 0.0)
         free = or_(Lease.holder.is_(None), Lease.holder == holder, Lease.heartbeat_at.is_(None))
         stale = (seen.holder is not None and seen.heartbeat_at is not None
-                 and seen.heartbeat_at < now - timedelta(seconds=limit))
+                 and (seen.heartbeat_at < now - timedelta(seconds=limit)
+                      or (dead_holder is not None and seen.holder == dead_holder)))
         if stale:   # compare-and-swap on what was read
             free = or_(free, (Lease.holder == seen.holder)
                        & (Lease.heartbeat_at == seen.heartbeat_at))

@@ -89,6 +89,21 @@ def test_a_newcomer_with_a_smaller_timeout_cannot_take_a_healthy_lease(engine):
                          now=late + timedelta(seconds=0.6)).holder == "c:3"
 
 
+def test_a_dead_holder_is_taken_over_at_once_with_the_real_timeout_stored(engine):
+    """The daemon takes over at once from a holder it knows is dead (a process of this
+    host that no longer exists), however long that holder's timeout; it used to pass a
+    timeout of 0, which the stored holder timeout now overrides."""
+    acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
+    soon = T0 + timedelta(seconds=2)
+    with pytest.raises(LeaseHeld):
+        acquire_lease(engine, "b:2", timeout_s=30, now=soon)
+    with pytest.raises(LeaseHeld):      # naming some other holder as dead changes nothing
+        acquire_lease(engine, "b:2", timeout_s=30, now=soon, dead_holder="x:9")
+    assert acquire_lease(engine, "b:2", timeout_s=30, now=soon, dead_holder="a:1").holder == "b:2"
+    with pytest.raises(LeaseHeld):      # the new holder's own 30 s, not 0, protects it
+        acquire_lease(engine, "c:3", timeout_s=0.5, now=soon + timedelta(seconds=10))
+
+
 def test_release_frees_the_lease(engine):
     acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0)
     assert release_lease(engine, "a:1")
