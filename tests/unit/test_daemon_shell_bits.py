@@ -8,6 +8,8 @@ import logging
 import os
 import socket
 
+import pytest
+
 from malleable.daemon.logs import job_logger, set_cycle, setup_logging
 from malleable.daemon.systemd import Notifier
 
@@ -60,59 +62,54 @@ def _service_config(tmp_path, policy: str, poll_s: float):
     return p
 
 
-def test_sighup_reschedules_only_timers_whose_interval_changed(tmp_path, monkeypatch):
-    """Rescheduling restarts an interval from now: a reload that rescheduled every timer
-    put off the next decision by a whole interval even when no interval changed."""
+@pytest.fixture
+def service(tmp_path, monkeypatch):
+    """A `Service` on a scratch SQLite store (policy equi, poll every 30 s), not started."""
     from malleable.config import load_config
     from malleable.daemon.service import Service, ServiceOptions
 
     monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
     monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
     path = _service_config(tmp_path, "equi", 30)
-    service = Service(load_config(str(path)), ServiceOptions(config_path=str(path)))
-    try:
-        service._schedule()
-        calls = []
-        monkeypatch.setattr(service.scheduler, "reschedule_job",
-                            lambda job_id, **kw: calls.append((job_id, kw["seconds"])))
-        _service_config(tmp_path, "fifo", 30)          # the policy changes, no interval does
-        service.reload()
-        assert service.config.policy.name == "fifo" and calls == []
-        _service_config(tmp_path, "fifo", 10)          # now the poll interval changes
-        service.reload()
-        assert calls == [("poll", 10.0)]
-    finally:
-        service.engine.dispose()
+    svc = Service(load_config(str(path)), ServiceOptions(config_path=str(path)))
+    yield svc
+    svc.engine.dispose()
 
 
-def test_heartbeat_runs_beside_a_slow_cycle_but_not_beside_a_hung_one(tmp_path, monkeypatch):
+def test_sighup_reschedules_only_timers_whose_interval_changed(service, tmp_path, monkeypatch):
+    """Rescheduling restarts an interval from now: a reload that rescheduled every timer
+    put off the next decision by a whole interval even when no interval changed."""
+    service._schedule()
+    calls = []
+    monkeypatch.setattr(service.scheduler, "reschedule_job",
+                        lambda job_id, **kw: calls.append((job_id, kw["seconds"])))
+    _service_config(tmp_path, "fifo", 30)          # the policy changes, no interval does
+    service.reload()
+    assert service.config.policy.name == "fifo" and calls == []
+    _service_config(tmp_path, "fifo", 10)          # now the poll interval changes
+    service.reload()
+    assert calls == [("poll", 10.0)]
+
+
+def test_heartbeat_runs_beside_a_slow_cycle_but_not_beside_a_hung_one(service):
     """A poll that retried a slow Slurm for 80 s blocked the heartbeat (one worker thread),
     so `status` called a live daemon stale and another daemon could take over. The heartbeat
     has its own thread now; a cycle running past lease_timeout_s counts as hung."""
     import time
 
-    from malleable.config import load_config
-    from malleable.daemon.service import Service, ServiceOptions
     from malleable.db.lease import read_lease
 
-    monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
-    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
-    path = _service_config(tmp_path, "equi", 30)
-    service = Service(load_config(str(path)), ServiceOptions(config_path=str(path)))
-    try:
-        service._take_lease()
-        service._schedule()
-        assert service.scheduler.get_job("heartbeat").executor == "heartbeat"
-        assert service.scheduler.get_job("poll").executor == "default"
-        limit = service.config.daemon.lease_timeout_s
-        first = read_lease(service.engine).heartbeat_at
-        service._cycle_since = time.monotonic() - 80          # a slow cycle: still alive
-        time.sleep(0.01)
-        service._heartbeat()
-        renewed = read_lease(service.engine).heartbeat_at
-        assert renewed > first
-        service._cycle_since = time.monotonic() - limit - 1   # hung: withheld
-        service._heartbeat()
-        assert read_lease(service.engine).heartbeat_at == renewed
-    finally:
-        service.engine.dispose()
+    service._take_lease()
+    service._schedule()
+    assert service.scheduler.get_job("heartbeat").executor == "heartbeat"
+    assert service.scheduler.get_job("poll").executor == "default"
+    limit = service.config.daemon.lease_timeout_s
+    first = read_lease(service.engine).heartbeat_at
+    service._cycle_since = time.monotonic() - 80          # a slow cycle: still alive
+    time.sleep(0.01)
+    service._heartbeat()
+    renewed = read_lease(service.engine).heartbeat_at
+    assert renewed > first
+    service._cycle_since = time.monotonic() - limit - 1   # hung: withheld
+    service._heartbeat()
+    assert read_lease(service.engine).heartbeat_at == renewed
