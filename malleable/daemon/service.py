@@ -78,16 +78,16 @@ class ServiceOptions:
         config_path: the TOML file (None: default search).
         dry_run: plan and log, change nothing (overrides the file's ``daemon.dry_run``).
         once: one decide cycle, then exit.
-        metrics: a callable receiving each `CycleReport` (the Prometheus exporter), or None.
-        metrics_factory: makes ``metrics`` once the lease is taken (the exporter binds its
-            port then, so a second daemon names the lease holder rather than failing on
-            the first one's port); may raise OSError or ValueError, which stop the start.
+        metrics_factory: makes the metrics sink (a callable receiving each `CycleReport`:
+            the Prometheus exporter, or None) once the lease is taken; the exporter binds
+            its port then, so a second daemon names the lease holder rather than failing
+            on the first one's port. It may raise OSError or ValueError, which stop the
+            start.
     """
 
     config_path: str | None = None
     dry_run: bool = False
     once: bool = False
-    metrics: Callable[[CycleReport], None] | None = None
     metrics_factory: Callable[[], Callable[[CycleReport], None] | None] | None = None
 
 
@@ -111,7 +111,7 @@ class Service:
                              dry_run=self.dry_run)
         self.daemon.actuator.step_hook = crash_points_from_env()
         self.scheduler: BlockingScheduler | None = None
-        self.metrics = options.metrics
+        self.metrics: Callable[[CycleReport], None] | None = None   # see metrics_factory
         self._stopping = threading.Event()
         # Held while a scheduled job runs: the stop waits for it before cleaning up.
         self._busy = threading.Lock()
