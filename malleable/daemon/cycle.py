@@ -33,6 +33,7 @@ Safety rules:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -178,6 +179,7 @@ class Daemon:
         self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
+        self._policies: dict[tuple, tuple[str, object]] = {}
         self.nodes: list[SlurmNode] = []
         self.nodes_at: datetime | None = None
         self.number = 0
@@ -318,12 +320,23 @@ class Daemon:
     # ------------------------------------------------------------------ decide
 
     def _policy(self, s):
+        """The active policy (name, params, the policy wrapped in hysteresis).
+
+        Policies keep no state between calls, so one instance serves every cycle
+        until the operator's choice or the configuration's thresholds change."""
         name, params = store.active_policy(s, self.config.policy.name,
                                            self.config.policy.params)
+        key = (name, json.dumps(params, sort_keys=True, default=repr),
+               self.config.policy.min_gain, self.config.policy.cooldown_s)
+        if key in self._policies:
+            decides, policy = self._policies[key]
+            return decides, params, policy
         try:
             policy = get_policy(name, **params)
             # Record the policy that decides ("pollux"), not its alias ("default").
-            return policy.name, params, with_hysteresis(policy, self.config.policy)
+            wrapped = with_hysteresis(policy, self.config.policy)
+            self._policies = {key: (policy.name, wrapped)}
+            return policy.name, params, wrapped
         except ValueError as exc:
             log.error("policy %s %s unusable (%s); using `static` (no reallocation)",
                       name, params, exc)
@@ -359,7 +372,7 @@ class Daemon:
                 "params": params[i], "remaining_work": remaining[i],
                 "remaining_work_sd": remaining_sd[i],
                 "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)))
-            report.decision_id = d.id
+            report.decision_id = d
             report.objective = objective
             report.managed = len(inputs.jobs)
         log.info("decision %d: policy %s on %d jobs, %d GPUs free for malleable jobs, "

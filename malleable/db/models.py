@@ -152,7 +152,9 @@ class ProgressSample(Base):
     """
 
     __tablename__ = "progress_samples"
-    __table_args__ = (Index("ix_progress_samples_job_time", "job_id", "time"),)
+    __table_args__ = (Index("ix_progress_samples_job_time", "job_id", "time"),
+                      # the latest run that logged progress (revision 0004)
+                      Index("ix_progress_samples_job_restart", "job_id", "restart"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(_job_fk())

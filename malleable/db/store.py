@@ -130,6 +130,7 @@ _INSERT_EVENTS = insert(JobEvent.__table__)
 _INSERT_SAMPLES = insert(ProgressSample.__table__)
 _INSERT_ESTIMATES = insert(Estimate.__table__)
 _INSERT_TARGETS = insert(Target.__table__)
+_INSERT_DECISION = insert(Decision.__table__)
 _UPDATES: dict[tuple[str, tuple[str, ...]], Any] = {}
 
 
@@ -540,8 +541,11 @@ class TargetIn:
 
 def record_decision(session: Session, *, time: datetime, policy: str,
                     params: Mapping[str, Any], inputs_digest: str, objective: float | None,
-                    duration_s: float, dry_run: bool, targets: Iterable[TargetIn]) -> Decision:
-    """Store one policy run and its targets (one row per job). Returns the Decision (with id).
+                    duration_s: float, dry_run: bool, targets: Iterable[TargetIn]) -> int:
+    """Store one policy run and its targets (one row per job). Returns the decision's id
+    (``decisions.id``; `latest_decision` or ``session.get(Decision, id)`` loads it).
+
+    Two Core statements, no ORM entity (the daemon records one decision per cycle).
 
     Raises:
         ValueError: a negative duration or GPU count.
@@ -555,14 +559,14 @@ def record_decision(session: Session, *, time: datetime, policy: str,
             raise ValueError(f"target for job {t.job_id}: gpus = {t.gpus}: expected >= 0")
         rows.append({"job_id": t.job_id, "gpus": t.gpus, "batch_size": t.batch_size,
                      "reason": t.reason})
-    d = Decision(time=time, policy=policy, params=dict(params), inputs_digest=inputs_digest,
-                 objective=objective, duration_s=duration_s, dry_run=dry_run)
-    session.add(d)
-    session.flush()
+    decision_id = run_core(session, _INSERT_DECISION, {
+        "time": time, "policy": policy, "params": dict(params), "inputs_digest": inputs_digest,
+        "objective": objective, "duration_s": duration_s, "dry_run": dry_run,
+    }).inserted_primary_key[0]
     if rows:
-        # Core executemany: one statement for all targets (``d.targets`` loads on access).
-        run_core(session, _INSERT_TARGETS, [{"decision_id": d.id, **r} for r in rows])
-    return d
+        # Core executemany: one statement for all targets.
+        run_core(session, _INSERT_TARGETS, [{"decision_id": decision_id, **r} for r in rows])
+    return int(decision_id)
 
 
 def latest_decision(session: Session) -> Decision | None:

@@ -126,7 +126,7 @@ def test_store_and_retention(engine):
                                   inputs_digest="d", objective=1.0, duration_s=0.1,
                                   dry_run=False, targets=[store.TargetIn(ids["1"], 8, 128, "x")])
         store.create_action(s, job_id=ids["1"], kind="requeue", state="signal", to_gpus=8,
-                            from_gpus=4, now=T0, decision_id=d.id)
+                            from_gpus=4, now=T0, decision_id=d)
     with Session() as s, s.begin():
         r = store.upsert_jobs(s, [SlurmJob(job_id="1", job_id_num=1, state=JobState.RUNNING,
                                            gpus=8, node_count=2)], T0)

@@ -122,7 +122,7 @@ def build_store(path: Path | str) -> Built:
             targets=[store.TargetIn(jobs[0].id, 8, 512, "equal share 8"),
                      store.TargetIn(jobs[1].id, 0, None, "no room")])
         remaining = float(est.remaining_work[0])
-        decision_id = d.id
+        decision_id = d
     acquire_lease(engine, "testhost:4242", timeout_s=300, now=NOW - timedelta(seconds=5))
     engine.dispose()
     return Built(path, url, table, remaining, decision_id, a.id, h.id)

@@ -105,10 +105,10 @@ def test_prune_finished_jobs_with_children_but_never_with_unfinished_action(engi
                                        inputs_digest="", objective=None, duration_s=0,
                                        dry_run=False, targets=[])
         store.create_action(s, job_id=done, kind="hold", state="done", to_gpus=0, now=old_end,
-                            decision_id=d_old.id)
+                            decision_id=d_old)
         store.update_action(s, store.unfinished_actions(s)[0].id, now=old_end, finished=True)
         store.create_action(s, job_id=busy, kind="requeue", state="signal", to_gpus=4,
-                            now=old_end, decision_id=d_kept.id)
+                            now=old_end, decision_id=d_kept)
     cfg = RetentionConfig(finished_job_days=30)
     report = retention.apply_retention(engine, cfg, NOW)
     assert report.jobs_pruned == 2 and report.decisions_pruned == 1
@@ -117,7 +117,7 @@ def test_prune_finished_jobs_with_children_but_never_with_unfinished_action(engi
         assert left == {busy, recent, running}
         for model in (ProgressSample, JobEvent, ProgressFile):
             assert set(s.scalars(select(model.job_id))) == left, model
-        assert set(s.scalars(select(Decision.id))) == {d_kept.id}
+        assert set(s.scalars(select(Decision.id))) == {d_kept}
         assert set(s.scalars(select(Target.job_id))) == set()
         assert [a.job_id for a in s.scalars(select(Action))] == [busy]
     # once its action finishes, the job goes too

@@ -148,7 +148,7 @@ def test_decision_with_targets_and_estimates(Session):
                               remaining_work_sd=8e4, flags={"extrapolated": True})
     with Session() as s:
         latest = store.latest_decision(s)
-        assert latest.id == d.id and latest.dry_run and latest.params == {"p": 0.7}
+        assert latest.id == d and latest.dry_run and latest.params == {"p": 0.7}
         assert sorted((t.gpus, t.batch_size, t.reason) for t in latest.targets) == \
             [(0, None, "waits"), (8, 256, "largest share")]
         est = store.latest_estimates(s, [ids["1"], ids["2"]])
