@@ -541,7 +541,9 @@ class Daemon:
         if decided is not None:
             inputs, alloc = decided
             self.apply(now, inputs, alloc, report, report.paused)
-            if not (self.dry_run or report.paused):
+            # Drive again only what apply created: every older action was driven as far
+            # as it could go at this instant above (apply only ends some of them).
+            if not (self.dry_run or report.paused) and report.planned:
                 more = self.actuator.drive(now, self.observed, refresh=self._refresh())
                 report.drive = _merge(report.drive, more)
         return self._end(report, t0, rpc0)
