@@ -116,6 +116,7 @@ _CHECKPOINTED_ONE = select(func.max(JobEvent.time)).where(
 _UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
 _ACTION_JOBS = select(Job.id, Job.slurm_job_id, Job.spec).where(
     Job.id.in_(bindparam("ids", expanding=True)))
+_ACTION_JOB = select(Job.id, Job.slurm_job_id, Job.spec).where(Job.id == bindparam("id"))
 _CHECKPOINTED = (select(JobEvent.job_id, func.max(JobEvent.time))
                  .where(JobEvent.job_id.in_(bindparam("ids", expanding=True)),
                         JobEvent.kind == "checkpointed").group_by(JobEvent.job_id))
@@ -243,9 +244,11 @@ class Actuator:
             self._hook(state, state.step, "before")
         return True
 
-    def _load(self, s: Session, action_id: int) -> tuple[Action, Job, ActionState]:
+    def _load(self, s: Session, action_id: int) -> tuple[Action, object, ActionState]:
+        """The action (entity: its step writes it), its job (a read-only row: id,
+        slurm_job_id, spec) and the state machine's view of the two."""
         a = s.get(Action, action_id)
-        job = s.get(Job, a.job_id)
+        job = store.run_core(s, _ACTION_JOB, {"id": a.job_id}).one()
         return a, job, self._state(a, job)
 
     def _state(self, a, job) -> ActionState:
