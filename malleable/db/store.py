@@ -126,6 +126,7 @@ _UPSERT_SELECT = select(
     *(Job.__table__.c[c] for c in ("id", "slurm_job_id", "last_seen", "attained_gpu_s",
                                    *_JOB_FIELDS))
 ).where(Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
+_INSERT_JOB = insert(Job.__table__).returning(Job.__table__.c.id)
 _INSERT_EVENTS = insert(JobEvent.__table__)
 _INSERT_SAMPLES = insert(ProgressSample.__table__)
 _INSERT_ESTIMATES = insert(Estimate.__table__)
@@ -197,7 +198,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             if parse_spec is not None and comment:
                 spec, error = _parse(sj.comment, parse_spec)
                 row.update(spec=spec, spec_error=error, malleable=spec is not None)
-            jid = session.execute(insert(t).values(**row).returning(t.c.id)).scalar_one()
+            jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
                                  new_nodes=sj.node_count))
@@ -281,6 +282,23 @@ def add_job_event(session: Session, job_id: int, time: datetime, kind: str,
     return ev
 
 
+def add_job_events(session: Session, events: Iterable[tuple[int, datetime, str, str | None]]
+                   ) -> int:
+    """Record job-reported events in bulk (one executemany; `add_job_event` for many).
+
+    Args:
+        events: (``jobs.id``, time (aware UTC), kind, detail) per event, in the order
+            their ids are to be given.
+
+    Returns:
+        The number stored.
+    """
+    rows = [_event(job_id, time, kind, detail=detail) for job_id, time, kind, detail in events]
+    if rows:
+        run_core(session, _INSERT_EVENTS, rows)
+    return len(rows)
+
+
 def job_events(session: Session, job_id: int, *, kind: str | None = None) -> list[JobEvent]:
     """A job's events, oldest first (optionally of one kind)."""
     q = select(JobEvent).where(JobEvent.job_id == job_id)
@@ -332,6 +350,19 @@ SAMPLE_COLUMNS = ("id", "job_id", "time", "step", "samples", "gpus", "nodes", "b
                   "metric", "grad_sqr", "grad_var", "restart")
 
 
+def _latest_samples_query():
+    cols = [ProgressSample.__table__.c[c] for c in SAMPLE_COLUMNS]
+    rn = func.row_number().over(partition_by=cols[1], order_by=(
+        ProgressSample.__table__.c.time.desc(), ProgressSample.__table__.c.id.desc())).label("rn")
+    inner = select(*cols, rn).where(cols[1].in_(bindparam("ids", expanding=True))).subquery()
+    return (select(*[inner.c[c] for c in SAMPLE_COLUMNS]).where(inner.c.rn <= bindparam("n"))
+            .order_by(inner.c.job_id, inner.c.time, inner.c.id))
+
+
+# The latest :n samples of each job in :ids (built once).
+_LATEST_SAMPLES = _latest_samples_query()
+
+
 def latest_samples(session: Session, job_ids: Iterable[int], n: int) -> dict[int, list[Row]]:
     """The latest ``n`` progress samples of each job, oldest first.
 
@@ -350,15 +381,8 @@ def latest_samples(session: Session, job_ids: Iterable[int], n: int) -> dict[int
         raise ValueError(f"n = {n}: expected at least 1 sample per job")
     ids = list(dict.fromkeys(job_ids))
     out: dict[int, list[Row]] = {j: [] for j in ids}
-    cols = [getattr(ProgressSample, c) for c in SAMPLE_COLUMNS]
     for part in _chunks(ids):
-        rn = func.row_number().over(partition_by=ProgressSample.job_id,
-                                    order_by=(ProgressSample.time.desc(),
-                                              ProgressSample.id.desc())).label("rn")
-        inner = select(*cols, rn).where(ProgressSample.job_id.in_(part)).subquery()
-        q = (select(*[inner.c[c] for c in SAMPLE_COLUMNS]).where(inner.c.rn <= n)
-             .order_by(inner.c.job_id, inner.c.time, inner.c.id))
-        for row in session.execute(q):
+        for row in run_core(session, _LATEST_SAMPLES, {"ids": part, "n": n}):
             out[row.job_id].append(row)
     return out
 
@@ -655,17 +679,34 @@ def get_setting(session: Session, key: str, default: Any = None) -> Any:
     return default if row is None else row[0]
 
 
+_UPSERT_SETTING: dict[str, Any] = {}
+
+
+def _upsert_setting(dialect: str):
+    """``INSERT ... ON CONFLICT (key) DO UPDATE`` of one setting, for SQLite or
+    PostgreSQL (built once per dialect; the values are bound at execution)."""
+    stmt = _UPSERT_SETTING.get(dialect)
+    if stmt is None:
+        ins = (sqlite_insert if dialect == "sqlite" else pg_insert)(Setting.__table__)
+        stmt = _UPSERT_SETTING[dialect] = ins.on_conflict_do_update(
+            index_elements=["key"], set_={"value": ins.excluded.value,
+                                          "updated_at": ins.excluded.updated_at})
+    return stmt
+
+
 def set_setting(session: Session, key: str, value: Any, now: datetime | None = None) -> None:
-    """Set ``key`` to a JSON-serialisable ``value`` (insert or update in one statement)."""
+    """Set ``key`` to a JSON-serialisable ``value`` (insert or update in one statement).
+
+    On SQLite and PostgreSQL one upsert, no read; `Setting` entities the session
+    had loaded are expired (they reload on their next access).
+    """
     now = now or datetime.now(UTC)
     dialect = session.get_bind().dialect.name
     if dialect in ("sqlite", "postgresql"):
-        ins = (sqlite_insert if dialect == "sqlite" else pg_insert)(Setting)
-        stmt = ins.values(key=key, value=value, updated_at=now).on_conflict_do_update(
-            index_elements=["key"], set_={"value": ins.excluded.value,
-                                          "updated_at": ins.excluded.updated_at})
-        session.execute(stmt)
-        session.expire_all()
+        run_core(session, _upsert_setting(dialect),
+                 {"key": key, "value": value, "updated_at": now})
+        for obj in [o for o in session.identity_map.values() if isinstance(o, Setting)]:
+            session.expire(obj)
         return
     row = session.get(Setting, key)
     if row is None:
