@@ -15,12 +15,22 @@ times are timezone-aware UTC datetimes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import CursorResult, Executable, Row, bindparam, func, insert, select, update
+from sqlalchemy import (
+    CursorResult,
+    Executable,
+    Row,
+    Select,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -93,12 +103,15 @@ def _chunks(seq: Sequence, n: int = _CHUNK) -> Iterable[Sequence]:
 
 @dataclass(frozen=True)
 class UpsertResult:
-    """What `upsert_jobs` did: jobs added, jobs changed, events written, Slurm id -> jobs.id."""
+    """What `upsert_jobs` did: jobs added, jobs changed, events written, Slurm id -> jobs.id
+    of the jobs given; ``unlisted``: Slurm id -> jobs.id of the stored jobs in one of the
+    ``unlisted_in`` states that were not given (empty if none were asked for)."""
 
     new: int
     changed: int
     events: int
     ids: dict[str, int]
+    unlisted: dict[str, int] = field(default_factory=dict)
 
 
 def _parse(comment: str, parse_spec: SpecParser) -> tuple[dict | None, str | None]:
@@ -122,10 +135,14 @@ def _event(job_id: int, time: datetime, kind: str, **values: Any) -> dict[str, A
     return row
 
 
-_UPSERT_SELECT = select(
-    *(Job.__table__.c[c] for c in ("id", "slurm_job_id", "last_seen", "attained_gpu_s",
-                                   *_JOB_FIELDS))
-).where(Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
+_UPSERT_COLUMNS = [Job.__table__.c[c] for c in ("id", "slurm_job_id", "last_seen",
+                                                "attained_gpu_s", *_JOB_FIELDS)]
+_UPSERT_SELECT = select(*_UPSERT_COLUMNS).where(
+    Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
+# The same, and the jobs in the states :states (`upsert_jobs`'s ``unlisted_in``).
+_UPSERT_SELECT_OR_IN_STATES = select(*_UPSERT_COLUMNS).where(
+    Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True))
+    | Job.__table__.c.state.in_(bindparam("states", expanding=True)))
 _INSERT_JOB = insert(Job.__table__).returning(Job.__table__.c.id)
 _INSERT_EVENTS = insert(JobEvent.__table__)
 _INSERT_SAMPLES = insert(ProgressSample.__table__)
@@ -145,7 +162,8 @@ def _update_by_id(table, keys: tuple[str, ...]):
 
 
 def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
-                parse_spec: SpecParser | None = None) -> UpsertResult:
+                parse_spec: SpecParser | None = None,
+                unlisted_in: Collection[str] = ()) -> UpsertResult:
     """Insert or update one row per Slurm job, writing a job event for every change.
 
     Events (`JobEvent.kind`): "new" on first sight; "state" when the state
@@ -154,8 +172,11 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
 
     Works on table rows (SQLAlchemy Core), not ORM entities: one SELECT of the
     compared columns per 500 jobs, one INSERT per new job, one executemany per
-    set of changed columns and one for the events. `Job` entities the session
-    had loaded are expired (they reload on their next access).
+    set of changed columns and one for the events. Every job given gets
+    ``last_seen`` and ``attained_gpu_s`` written (the latter unchanged unless it
+    was running), so jobs whose only change is the poll's time share one
+    executemany. `Job` entities the session had loaded are expired (they reload
+    on their next access).
 
     Args:
         session: an open read-write session (the caller commits).
@@ -167,6 +188,9 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             raises ValueError (stored in ``spec_error``; the job is treated as
             rigid; the other jobs are unaffected). None: leave ``spec`` and
             ``malleable`` as they are (new jobs rigid).
+        unlisted_in: states (e.g. the active ones): the stored jobs in one of them
+            that ``jobs`` does not list are returned in ``UpsertResult.unlisted``
+            (read by the same SELECT; they are not changed here).
 
     Returns:
         An `UpsertResult` with counts and the ``jobs.id`` of every job given.
@@ -174,9 +198,17 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     incoming = {j.job_id: j for j in jobs}
     t = Job.__table__
     existing: dict[str, dict[str, Any]] = {}
-    for part in _chunks(list(incoming)):
-        for row in run_core(session, _UPSERT_SELECT, {"ids": part}):
-            existing[row.slurm_job_id] = row._asdict()
+    unlisted: dict[str, int] = {}
+    states = sorted(set(unlisted_in))
+    for i, part in enumerate(_chunks(list(incoming)) if incoming or not states else [[]]):
+        query, params = _UPSERT_SELECT, {"ids": part}
+        if states and i == 0:
+            query, params = _UPSERT_SELECT_OR_IN_STATES, {"ids": part, "states": states}
+        for row in run_core(session, query, params):
+            if row.slurm_job_id in incoming:
+                existing[row.slurm_job_id] = row._asdict()
+            else:
+                unlisted[row.slurm_job_id] = row.id
     new = changed = 0
     events: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
@@ -211,6 +243,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             # Attained service: the GPUs it held since the last poll, while running.
             dt = (now - job["last_seen"]).total_seconds()
             diff["attained_gpu_s"] = (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
+        else:
+            diff["attained_gpu_s"] = job["attained_gpu_s"]  # unchanged: see the docstring
         if job["state"] != state:
             events.append(_event(jid, now, "state", old_state=job["state"], new_state=state))
         if job["gpus"] != sj.gpus or job["nodes"] != sj.node_count:
@@ -235,7 +269,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     # `Job` entities this session had loaded would show the old values: reload on access.
     for obj in [o for o in session.identity_map.values() if isinstance(o, Job)]:
         session.expire(obj)
-    return UpsertResult(new, changed, len(events), ids)
+    return UpsertResult(new, changed, len(events), ids, unlisted)
 
 
 def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:
@@ -458,6 +492,31 @@ def progress_file_rows(session: Session, job_ids: Iterable[int]) -> dict[int, di
     for part in _chunks(list(dict.fromkeys(job_ids))):
         for row in run_core(session, _PROGRESS_FILES, {"ids": part}):
             out[row.job_id] = row._asdict()
+    return out
+
+
+_PF_PREFIX = "pf_"
+
+
+def with_progress_files(query: Select) -> Select:
+    """``query`` (a SELECT of ``jobs`` columns) with each job's `ProgressFile` row
+    joined (LEFT OUTER: None columns for a job without one), its columns labelled
+    for `progress_files_of`. Build it once: the daemon reads the jobs to ingest and
+    their rows in one statement instead of two."""
+    t = ProgressFile.__table__
+    return query.outerjoin(t, t.c.job_id == Job.__table__.c.id).add_columns(
+        *(t.c[c].label(_PF_PREFIX + c) for c in PROGRESS_FILE_COLUMNS))
+
+
+def progress_files_of(rows: Iterable[Row]) -> dict[int, dict[str, Any]]:
+    """The `progress_file_rows` result (same keys, same values) from the rows of a
+    `with_progress_files` query: ``jobs.id`` -> row dict, for the jobs that have one."""
+    out: dict[int, dict[str, Any]] = {}
+    keys = [(c, _PF_PREFIX + c) for c in PROGRESS_FILE_COLUMNS]
+    for row in rows:
+        m = row._mapping
+        if m[_PF_PREFIX + "id"] is not None:
+            out[m[_PF_PREFIX + "job_id"]] = {c: m[k] for c, k in keys}
     return out
 
 

@@ -177,8 +177,8 @@ def _event_detail(rec: ProgressRecord) -> str:
 
 def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir, *,
                     now: datetime, max_bytes_per_job: int = 1 << 20,
-                    max_future_s: float = 300.0, cursors: Cursors | None = None
-                    ) -> IngestReport:
+                    max_future_s: float = 300.0, cursors: Cursors | None = None,
+                    files: dict[int, dict] | None = None) -> IngestReport:
     """Read every known job's new progress lines into the database (see the module doc).
 
     Args:
@@ -193,6 +193,9 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
         max_future_s: see ``now``.
         cursors: ordering state kept across calls (a fresh `Cursors` if None: then
             rebuilt from the database).
+        files: the jobs' ``progress_files`` rows as `store.progress_file_rows` returns
+            them, if the caller read them in this transaction (e.g. with the jobs,
+            `store.with_progress_files`); changed in place. None: read here.
 
     Returns:
         An `IngestReport`. Never raises for a bad file or line.
@@ -207,7 +210,8 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
     now_s = now.timestamp()
     limit = max(int(max_bytes_per_job), MAX_LINE_BYTES + 1)
     # Table rows as dicts, changed in memory and written in bulk at the end.
-    files = store.progress_file_rows(session, [j.db_id for j in jobs])
+    if files is None:
+        files = store.progress_file_rows(session, [j.db_id for j in jobs])
     read_files: dict[int, dict] = {}
     cursors.load(session, [j.db_id for j in jobs])
     samples: list[store.SampleIn] = []
