@@ -546,18 +546,37 @@ def read_progress_file(pf: dict[str, Any] | None, *, job_id: int, path: str,
     return pf
 
 
-def save_progress_files(session: Session, rows: Iterable[dict[str, Any]]) -> int:
-    """Write row dicts of `read_progress_file`: one executemany for the rows that exist
-    (``id`` set), one for the new ones. Returns the number written."""
+def save_progress_files(session: Session, rows: Iterable[dict[str, Any]],
+                        before: Mapping[int, Mapping[str, Any]] | None = None) -> int:
+    """Write row dicts of `read_progress_file`: one executemany for the new rows
+    (``id`` None) and, for the rows that exist, one per set of columns written.
+
+    Args:
+        rows: the row dicts.
+        before: ``jobs.id`` -> the row as it was read (`progress_file_rows`), before
+            `read_progress_file` changed it: a column still equal to it is not
+            written (usually only offset, size, last_read_at and lines_accepted
+            change). None, or a row missing from it: every column is written.
+
+    Returns:
+        The number of rows given.
+    """
     t = ProgressFile.__table__
     rows = list(rows)
-    old = [r for r in rows if r.get("id") is not None]
     new = [{c: r.get(c) for c in PROGRESS_FILE_COLUMNS if c != "id"} for r in rows
            if r.get("id") is None]
     keys = [c for c in PROGRESS_FILE_COLUMNS if c not in ("id", "job_id")]
-    if old:
-        run_core(session, _update_by_id(t, tuple(keys)),
-                 [{"_id": r["id"], **{f"v_{k}": r[k] for k in keys}} for r in old])
+    updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("id") is None:
+            continue
+        was = before.get(r["job_id"]) if before is not None else None
+        changed = tuple(k for k in keys if was is None or was.get(k) != r[k])
+        if changed:
+            updates.setdefault(changed, []).append(
+                {"_id": r["id"], **{f"v_{k}": r[k] for k in changed}})
+    for changed, params in updates.items():
+        run_core(session, _update_by_id(t, changed), params)
     if new:
         run_core(session, insert(t), new)
     return len(rows)

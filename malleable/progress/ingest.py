@@ -167,6 +167,12 @@ def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor |
     return out
 
 
+def _keep(before: dict[int, dict], job_id: int, pf: dict | None) -> None:
+    """Remember a job's ``progress_files`` row as read, before it is changed in place."""
+    if pf is not None and job_id not in before:
+        before[job_id] = dict(pf)
+
+
 def _event_detail(rec: ProgressRecord) -> str:
     doc = {"step": rec.step, "samples": rec.samples, "gpus": rec.gpus, "nodes": rec.nodes,
            "batch": rec.batch, "restart": rec.restart}
@@ -213,6 +219,7 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
     if files is None:
         files = store.progress_file_rows(session, [j.db_id for j in jobs])
     read_files: dict[int, dict] = {}
+    before: dict[int, dict] = {}   # the rows as read, of the files read
     cursors.load(session, [j.db_id for j in jobs])
     samples: list[store.SampleIn] = []
     events: list[tuple[int, datetime, str, str]] = []
@@ -232,6 +239,7 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
                 if counts:
                     report.rejected.update(counts)
                     report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(counts)
+                _keep(before, job.db_id, pf)
                 files[job.db_id] = read_files[job.db_id] = store.read_progress_file(
                     pf, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
                     device=read.device, inode=read.inode, offset=0, size=read.size, now=now,
@@ -250,6 +258,7 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
                 for r in result.records if r.event == "progress")
             events.extend((job.db_id, _utc(r.t), r.event, _event_detail(r))
                           for r in result.records if r.event in EVENT_KINDS)
+            _keep(before, job.db_id, pf)
             files[job.db_id] = read_files[job.db_id] = store.read_progress_file(
                 pf, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
                 device=read.device, inode=read.inode, offset=result.offset, size=read.size,
@@ -262,7 +271,7 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
                     result.rejected)
     # Events first, then the files' rows, then the samples.
     report.events = store.add_job_events(session, events)
-    store.save_progress_files(session, read_files.values())
+    store.save_progress_files(session, read_files.values(), before)
     report.samples = store.add_progress_samples(session, samples)
     session.flush()
     return report
