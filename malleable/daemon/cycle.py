@@ -74,13 +74,14 @@ from malleable.spec import SpecError, parse_spec
 log = logging.getLogger(__name__)
 
 # Built once (building a statement costs more than running it).
-_ACTIVE_IDS = select(Job.id, Job.slurm_job_id).where(
-    Job.state.in_(("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")))
+# Stored states of a job Slurm should still report (else it finished unseen).
+_ACTIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
 _UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
-# Malleable jobs whose progress is read: active ones, and those seen since ``recent``.
-_TO_INGEST = select(Job.id, Job.slurm_job_id, Job.uid).where(
+# Malleable jobs whose progress is read: active ones, and those seen since ``recent``;
+# with their progress_files rows (one statement).
+_TO_INGEST = store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
     Job.malleable.is_(True), (Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
-                              | (Job.last_seen >= bindparam("recent")))).order_by(Job.id)
+                              | (Job.last_seen >= bindparam("recent"))))).order_by(Job.id)
 
 # Steps at which an action has not changed its job yet, while no call was attempted.
 _UNTOUCHED_STEPS = (Step.HOLD.value, Step.SHRINK.value)
@@ -205,12 +206,15 @@ class Daemon:
             self._rpc_poll += self.rpc_count() - rpc0
         skipped = list(getattr(self.slurm, "parse_errors", None) or ())
         with self.sessions() as s, s.begin():
-            store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict)
+            # The active jobs the poll does not list come with the upsert's own read.
+            upserted = store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict,
+                                         unlisted_in=() if skipped else _ACTIVE_STATES)
             if skipped:
                 log.warning("the poll skipped %d job record(s) it could not parse; no job is "
                             "taken as finished for missing from it", len(skipped))
             else:
-                self._mark_vanished(s, {j.job_id for j in jobs}, now)
+                self._mark_vanished(s, list(upserted.unlisted.values()),
+                                    {j.job_id for j in jobs}, now)
             store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
@@ -219,11 +223,10 @@ class Daemon:
         return True
 
     @staticmethod
-    def _mark_vanished(s, seen: set[str], now: datetime) -> None:
-        """Jobs the store has as active that Slurm no longer reports: finished
-        (purged after MinJobAge before a poll saw their end)."""
-        active = store.run_core(s, _ACTIVE_IDS)
-        gone = [jid for jid, sid in active if sid not in seen]
+    def _mark_vanished(s, gone: list[int], seen: set[str], now: datetime) -> None:
+        """Jobs the store has as active that Slurm no longer reports (``gone``: their
+        ``jobs.id``, `UpsertResult.unlisted`): finished (purged after MinJobAge before
+        a poll saw their end)."""
         for job in (s.scalars(select(Job).where(Job.id.in_(gone))) if gone else ()):
             if job.slurm_job_id not in seen:
                 store.add_job_event(s, job.id, now, "state",
@@ -257,7 +260,8 @@ class Daemon:
             report = ingest_progress(
                 s, [IngestJob.of(j) for j in rows], self.spool, now=now,
                 max_bytes_per_job=self.config.progress.max_bytes_per_job,
-                max_future_s=self.config.progress.max_future_s, cursors=self.cursors)
+                max_future_s=self.config.progress.max_future_s, cursors=self.cursors,
+                files=store.progress_files_of(rows))
         for sid, reasons in report.rejected_by_job.items():
             log.warning("rejected progress lines: %s", dict(reasons), extra={"job": sid})
         return report

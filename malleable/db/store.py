@@ -15,12 +15,22 @@ times are timezone-aware UTC datetimes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import CursorResult, Executable, Row, bindparam, func, insert, select, update
+from sqlalchemy import (
+    CursorResult,
+    Executable,
+    Row,
+    Select,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -93,12 +103,15 @@ def _chunks(seq: Sequence, n: int = _CHUNK) -> Iterable[Sequence]:
 
 @dataclass(frozen=True)
 class UpsertResult:
-    """What `upsert_jobs` did: jobs added, jobs changed, events written, Slurm id -> jobs.id."""
+    """What `upsert_jobs` did: jobs added, jobs changed, events written, Slurm id -> jobs.id
+    of the jobs given; ``unlisted``: Slurm id -> jobs.id of the stored jobs in one of the
+    ``unlisted_in`` states that were not given (empty if none were asked for)."""
 
     new: int
     changed: int
     events: int
     ids: dict[str, int]
+    unlisted: dict[str, int] = field(default_factory=dict)
 
 
 def _parse(comment: str, parse_spec: SpecParser) -> tuple[dict | None, str | None]:
@@ -122,10 +135,15 @@ def _event(job_id: int, time: datetime, kind: str, **values: Any) -> dict[str, A
     return row
 
 
-_UPSERT_SELECT = select(
-    *(Job.__table__.c[c] for c in ("id", "slurm_job_id", "last_seen", "attained_gpu_s",
-                                   *_JOB_FIELDS))
-).where(Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
+_UPSERT_COLUMNS = [Job.__table__.c[c] for c in ("id", "slurm_job_id", "last_seen",
+                                                "attained_gpu_s", *_JOB_FIELDS)]
+_UPSERT_SELECT = select(*_UPSERT_COLUMNS).where(
+    Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
+# The same, and the jobs in the states :states (`upsert_jobs`'s ``unlisted_in``).
+_UPSERT_SELECT_OR_IN_STATES = select(*_UPSERT_COLUMNS).where(
+    Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True))
+    | Job.__table__.c.state.in_(bindparam("states", expanding=True)))
+_INSERT_JOB = insert(Job.__table__).returning(Job.__table__.c.id)
 _INSERT_EVENTS = insert(JobEvent.__table__)
 _INSERT_SAMPLES = insert(ProgressSample.__table__)
 _INSERT_ESTIMATES = insert(Estimate.__table__)
@@ -145,7 +163,8 @@ def _update_by_id(table, keys: tuple[str, ...]):
 
 
 def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
-                parse_spec: SpecParser | None = None) -> UpsertResult:
+                parse_spec: SpecParser | None = None,
+                unlisted_in: Collection[str] = ()) -> UpsertResult:
     """Insert or update one row per Slurm job, writing a job event for every change.
 
     Events (`JobEvent.kind`): "new" on first sight; "state" when the state
@@ -154,8 +173,11 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
 
     Works on table rows (SQLAlchemy Core), not ORM entities: one SELECT of the
     compared columns per 500 jobs, one INSERT per new job, one executemany per
-    set of changed columns and one for the events. `Job` entities the session
-    had loaded are expired (they reload on their next access).
+    set of changed columns and one for the events. Every job given gets
+    ``last_seen`` and ``attained_gpu_s`` written (the latter unchanged unless it
+    was running), so jobs whose only change is the poll's time share one
+    executemany. `Job` entities the session had loaded are expired (they reload
+    on their next access).
 
     Args:
         session: an open read-write session (the caller commits).
@@ -167,6 +189,9 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             raises ValueError (stored in ``spec_error``; the job is treated as
             rigid; the other jobs are unaffected). None: leave ``spec`` and
             ``malleable`` as they are (new jobs rigid).
+        unlisted_in: states (e.g. the active ones): the stored jobs in one of them
+            that ``jobs`` does not list are returned in ``UpsertResult.unlisted``
+            (read by the same SELECT; they are not changed here).
 
     Returns:
         An `UpsertResult` with counts and the ``jobs.id`` of every job given.
@@ -174,9 +199,17 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     incoming = {j.job_id: j for j in jobs}
     t = Job.__table__
     existing: dict[str, dict[str, Any]] = {}
-    for part in _chunks(list(incoming)):
-        for row in run_core(session, _UPSERT_SELECT, {"ids": part}):
-            existing[row.slurm_job_id] = row._asdict()
+    unlisted: dict[str, int] = {}
+    states = sorted(set(unlisted_in))
+    for i, part in enumerate(_chunks(list(incoming)) if incoming or not states else [[]]):
+        query, params = _UPSERT_SELECT, {"ids": part}
+        if states and i == 0:
+            query, params = _UPSERT_SELECT_OR_IN_STATES, {"ids": part, "states": states}
+        for row in run_core(session, query, params):
+            if row.slurm_job_id in incoming:
+                existing[row.slurm_job_id] = row._asdict()
+            else:
+                unlisted[row.slurm_job_id] = row.id
     new = changed = 0
     events: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
@@ -198,7 +231,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             if parse_spec is not None and comment:
                 spec, error = _parse(sj.comment, parse_spec)
                 row.update(spec=spec, spec_error=error, malleable=spec is not None)
-            jid = session.execute(insert(t).values(**row).returning(t.c.id)).scalar_one()
+            jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
                                  new_nodes=sj.node_count))
@@ -211,6 +244,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             # Attained service: the GPUs it held since the last poll, while running.
             dt = (now - job["last_seen"]).total_seconds()
             diff["attained_gpu_s"] = (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
+        else:
+            diff["attained_gpu_s"] = job["attained_gpu_s"]  # unchanged: see the docstring
         if job["state"] != state:
             events.append(_event(jid, now, "state", old_state=job["state"], new_state=state))
         if job["gpus"] != sj.gpus or job["nodes"] != sj.node_count:
@@ -235,7 +270,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     # `Job` entities this session had loaded would show the old values: reload on access.
     for obj in [o for o in session.identity_map.values() if isinstance(o, Job)]:
         session.expire(obj)
-    return UpsertResult(new, changed, len(events), ids)
+    return UpsertResult(new, changed, len(events), ids, unlisted)
 
 
 def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:
@@ -280,6 +315,23 @@ def add_job_event(session: Session, job_id: int, time: datetime, kind: str,
     ev = JobEvent(job_id=job_id, time=time, kind=kind, detail=detail)
     session.add(ev)
     return ev
+
+
+def add_job_events(session: Session, events: Iterable[tuple[int, datetime, str, str | None]]
+                   ) -> int:
+    """Record job-reported events in bulk (one executemany; `add_job_event` for many).
+
+    Args:
+        events: (``jobs.id``, time (aware UTC), kind, detail) per event, in the order
+            their ids are to be given.
+
+    Returns:
+        The number stored.
+    """
+    rows = [_event(job_id, time, kind, detail=detail) for job_id, time, kind, detail in events]
+    if rows:
+        run_core(session, _INSERT_EVENTS, rows)
+    return len(rows)
 
 
 def job_events(session: Session, job_id: int, *, kind: str | None = None) -> list[JobEvent]:
@@ -333,6 +385,19 @@ SAMPLE_COLUMNS = ("id", "job_id", "time", "step", "samples", "gpus", "nodes", "b
                   "metric", "grad_sqr", "grad_var", "restart")
 
 
+def _latest_samples_query():
+    cols = [ProgressSample.__table__.c[c] for c in SAMPLE_COLUMNS]
+    rn = func.row_number().over(partition_by=cols[1], order_by=(
+        ProgressSample.__table__.c.time.desc(), ProgressSample.__table__.c.id.desc())).label("rn")
+    inner = select(*cols, rn).where(cols[1].in_(bindparam("ids", expanding=True))).subquery()
+    return (select(*[inner.c[c] for c in SAMPLE_COLUMNS]).where(inner.c.rn <= bindparam("n"))
+            .order_by(inner.c.job_id, inner.c.time, inner.c.id))
+
+
+# The latest :n samples of each job in :ids (built once).
+_LATEST_SAMPLES = _latest_samples_query()
+
+
 def latest_samples(session: Session, job_ids: Iterable[int], n: int) -> dict[int, list[Row]]:
     """The latest ``n`` progress samples of each job, oldest first.
 
@@ -351,15 +416,8 @@ def latest_samples(session: Session, job_ids: Iterable[int], n: int) -> dict[int
         raise ValueError(f"n = {n}: expected at least 1 sample per job")
     ids = list(dict.fromkeys(job_ids))
     out: dict[int, list[Row]] = {j: [] for j in ids}
-    cols = [getattr(ProgressSample, c) for c in SAMPLE_COLUMNS]
     for part in _chunks(ids):
-        rn = func.row_number().over(partition_by=ProgressSample.job_id,
-                                    order_by=(ProgressSample.time.desc(),
-                                              ProgressSample.id.desc())).label("rn")
-        inner = select(*cols, rn).where(ProgressSample.job_id.in_(part)).subquery()
-        q = (select(*[inner.c[c] for c in SAMPLE_COLUMNS]).where(inner.c.rn <= n)
-             .order_by(inner.c.job_id, inner.c.time, inner.c.id))
-        for row in session.execute(q):
+        for row in run_core(session, _LATEST_SAMPLES, {"ids": part, "n": n}):
             out[row.job_id].append(row)
     return out
 
@@ -438,6 +496,31 @@ def progress_file_rows(session: Session, job_ids: Iterable[int]) -> dict[int, di
     return out
 
 
+_PF_PREFIX = "pf_"
+
+
+def with_progress_files(query: Select) -> Select:
+    """``query`` (a SELECT of ``jobs`` columns) with each job's `ProgressFile` row
+    joined (LEFT OUTER: None columns for a job without one), its columns labelled
+    for `progress_files_of`. Build it once: the daemon reads the jobs to ingest and
+    their rows in one statement instead of two."""
+    t = ProgressFile.__table__
+    return query.outerjoin(t, t.c.job_id == Job.__table__.c.id).add_columns(
+        *(t.c[c].label(_PF_PREFIX + c) for c in PROGRESS_FILE_COLUMNS))
+
+
+def progress_files_of(rows: Iterable[Row]) -> dict[int, dict[str, Any]]:
+    """The `progress_file_rows` result (same keys, same values) from the rows of a
+    `with_progress_files` query: ``jobs.id`` -> row dict, for the jobs that have one."""
+    out: dict[int, dict[str, Any]] = {}
+    keys = [(c, _PF_PREFIX + c) for c in PROGRESS_FILE_COLUMNS]
+    for row in rows:
+        m = row._mapping
+        if m[_PF_PREFIX + "id"] is not None:
+            out[m[_PF_PREFIX + "job_id"]] = {c: m[k] for c, k in keys}
+    return out
+
+
 def read_progress_file(pf: dict[str, Any] | None, *, job_id: int, path: str,
                        device: int | None, inode: int | None, offset: int, size: int,
                        now: datetime, accepted: int = 0,
@@ -464,18 +547,37 @@ def read_progress_file(pf: dict[str, Any] | None, *, job_id: int, path: str,
     return pf
 
 
-def save_progress_files(session: Session, rows: Iterable[dict[str, Any]]) -> int:
-    """Write row dicts of `read_progress_file`: one executemany for the rows that exist
-    (``id`` set), one for the new ones. Returns the number written."""
+def save_progress_files(session: Session, rows: Iterable[dict[str, Any]],
+                        before: Mapping[int, Mapping[str, Any]] | None = None) -> int:
+    """Write row dicts of `read_progress_file`: one executemany for the new rows
+    (``id`` None) and, for the rows that exist, one per set of columns written.
+
+    Args:
+        rows: the row dicts.
+        before: ``jobs.id`` -> the row as it was read (`progress_file_rows`), before
+            `read_progress_file` changed it: a column still equal to it is not
+            written (usually only offset, size, last_read_at and lines_accepted
+            change). None, or a row missing from it: every column is written.
+
+    Returns:
+        The number of rows given.
+    """
     t = ProgressFile.__table__
     rows = list(rows)
-    old = [r for r in rows if r.get("id") is not None]
     new = [{c: r.get(c) for c in PROGRESS_FILE_COLUMNS if c != "id"} for r in rows
            if r.get("id") is None]
     keys = [c for c in PROGRESS_FILE_COLUMNS if c not in ("id", "job_id")]
-    if old:
-        run_core(session, _update_by_id(t, tuple(keys)),
-                 [{"_id": r["id"], **{f"v_{k}": r[k] for k in keys}} for r in old])
+    updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("id") is None:
+            continue
+        was = before.get(r["job_id"]) if before is not None else None
+        changed = tuple(k for k in keys if was is None or was.get(k) != r[k])
+        if changed:
+            updates.setdefault(changed, []).append(
+                {"_id": r["id"], **{f"v_{k}": r[k] for k in changed}})
+    for changed, params in updates.items():
+        run_core(session, _update_by_id(t, changed), params)
     if new:
         run_core(session, insert(t), new)
     return len(rows)
@@ -659,17 +761,34 @@ def get_setting(session: Session, key: str, default: Any = None) -> Any:
     return default if row is None else row[0]
 
 
+_UPSERT_SETTING: dict[str, Any] = {}
+
+
+def _upsert_setting(dialect: str):
+    """``INSERT ... ON CONFLICT (key) DO UPDATE`` of one setting, for SQLite or
+    PostgreSQL (built once per dialect; the values are bound at execution)."""
+    stmt = _UPSERT_SETTING.get(dialect)
+    if stmt is None:
+        ins = (sqlite_insert if dialect == "sqlite" else pg_insert)(Setting.__table__)
+        stmt = _UPSERT_SETTING[dialect] = ins.on_conflict_do_update(
+            index_elements=["key"], set_={"value": ins.excluded.value,
+                                          "updated_at": ins.excluded.updated_at})
+    return stmt
+
+
 def set_setting(session: Session, key: str, value: Any, now: datetime | None = None) -> None:
-    """Set ``key`` to a JSON-serialisable ``value`` (insert or update in one statement)."""
+    """Set ``key`` to a JSON-serialisable ``value`` (insert or update in one statement).
+
+    On SQLite and PostgreSQL one upsert, no read; `Setting` entities the session
+    had loaded are expired (they reload on their next access).
+    """
     now = now or datetime.now(UTC)
     dialect = session.get_bind().dialect.name
     if dialect in ("sqlite", "postgresql"):
-        ins = (sqlite_insert if dialect == "sqlite" else pg_insert)(Setting)
-        stmt = ins.values(key=key, value=value, updated_at=now).on_conflict_do_update(
-            index_elements=["key"], set_={"value": ins.excluded.value,
-                                          "updated_at": ins.excluded.updated_at})
-        session.execute(stmt)
-        session.expire_all()
+        run_core(session, _upsert_setting(dialect),
+                 {"key": key, "value": value, "updated_at": now})
+        for obj in [o for o in session.identity_map.values() if isinstance(o, Setting)]:
+            session.expire(obj)
         return
     row = session.get(Setting, key)
     if row is None:

@@ -31,9 +31,10 @@ The ordering check (step never decreasing within a run) needs each job's last
 accepted (restart, step, samples): `Cursors` keeps it in memory across calls,
 rebuilding a missing one from the database (latest sample and latest job-reported
 event), so a daemon restart keeps checking. The ``progress_files`` rows and the
-missing cursors are read in batches of 500 jobs and all samples are inserted
-with one executemany, so a cycle costs a few queries plus one write per job that
-had new lines (benchmarks/results/ingest.txt).
+missing cursors are read in batches of 500 jobs; the samples, the events and the
+``progress_files`` rows are each written with one executemany, so a cycle costs a
+few statements whatever the number of jobs (benchmarks/results/ingest.txt). The
+spool directory is opened once per call.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from malleable.db import store
@@ -136,15 +137,17 @@ class Cursors:
 
 
 _CHUNK = 500
+# The job-reported events of the jobs :ids, newest first per job (built once).
+_REPORTED_EVENTS = (select(JobEvent.job_id, JobEvent.detail)
+                    .where(JobEvent.job_id.in_(bindparam("ids", expanding=True)),
+                           JobEvent.kind.in_(EVENT_KINDS))
+                    .order_by(JobEvent.job_id, JobEvent.time.desc(), JobEvent.id.desc()))
 
 
 def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor | None]:
     latest = store.latest_samples(session, job_ids, 1)
     restarts: dict[int, int] = {}
-    q = (select(JobEvent.job_id, JobEvent.detail)
-         .where(JobEvent.job_id.in_(job_ids), JobEvent.kind.in_(EVENT_KINDS))
-         .order_by(JobEvent.job_id, JobEvent.time.desc(), JobEvent.id.desc()))
-    for job_id, detail in session.execute(q):
+    for job_id, detail in store.run_core(session, _REPORTED_EVENTS, {"ids": job_ids}):
         if job_id in restarts or not detail:
             continue
         try:
@@ -164,6 +167,12 @@ def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor |
     return out
 
 
+def _keep(before: dict[int, dict], job_id: int, pf: dict | None) -> None:
+    """Remember a job's ``progress_files`` row as read, before it is changed in place."""
+    if pf is not None and job_id not in before:
+        before[job_id] = dict(pf)
+
+
 def _event_detail(rec: ProgressRecord) -> str:
     doc = {"step": rec.step, "samples": rec.samples, "gpus": rec.gpus, "nodes": rec.nodes,
            "batch": rec.batch, "restart": rec.restart}
@@ -174,8 +183,8 @@ def _event_detail(rec: ProgressRecord) -> str:
 
 def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir, *,
                     now: datetime, max_bytes_per_job: int = 1 << 20,
-                    max_future_s: float = 300.0, cursors: Cursors | None = None
-                    ) -> IngestReport:
+                    max_future_s: float = 300.0, cursors: Cursors | None = None,
+                    files: dict[int, dict] | None = None) -> IngestReport:
     """Read every known job's new progress lines into the database (see the module doc).
 
     Args:
@@ -190,6 +199,9 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
         max_future_s: see ``now``.
         cursors: ordering state kept across calls (a fresh `Cursors` if None: then
             rebuilt from the database).
+        files: the jobs' ``progress_files`` rows as `store.progress_file_rows` returns
+            them, if the caller read them in this transaction (e.g. with the jobs,
+            `store.with_progress_files`); changed in place. None: read here.
 
     Returns:
         An `IngestReport`. Never raises for a bad file or line.
@@ -204,56 +216,62 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
     now_s = now.timestamp()
     limit = max(int(max_bytes_per_job), MAX_LINE_BYTES + 1)
     # Table rows as dicts, changed in memory and written in bulk at the end.
-    files = store.progress_file_rows(session, [j.db_id for j in jobs])
+    if files is None:
+        files = store.progress_file_rows(session, [j.db_id for j in jobs])
     read_files: dict[int, dict] = {}
+    before: dict[int, dict] = {}   # the rows as read, of the files read
     cursors.load(session, [j.db_id for j in jobs])
     samples: list[store.SampleIn] = []
-    for job in jobs:
-        pf = files.get(job.db_id)
-        read = spool.read(job.slurm_job_id, job.uid, offset=pf["offset"] if pf else 0,
-                          device=pf["device"] if pf else None,
-                          inode=pf["inode"] if pf else None, max_bytes=limit)
-        if not read.exists:
-            continue
-        if read.problem is not None:
-            report.problems[job.slurm_job_id] = read.detail
-            seen = pf is not None and (pf["device"], pf["inode"]) == (read.device, read.inode) \
-                and pf["offset"] == 0 and read.problem.value in (pf["rejected"] or {})
-            counts = {} if seen else {read.problem.value: 1}
-            if counts:
-                report.rejected.update(counts)
-                report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(counts)
+    events: list[tuple[int, datetime, str, str]] = []
+    with spool.opened() as opened:
+        for job in jobs:
+            pf = files.get(job.db_id)
+            read = opened.read(job.slurm_job_id, job.uid, offset=pf["offset"] if pf else 0,
+                               device=pf["device"] if pf else None,
+                               inode=pf["inode"] if pf else None, max_bytes=limit)
+            if not read.exists:
+                continue
+            if read.problem is not None:
+                report.problems[job.slurm_job_id] = read.detail
+                seen = pf is not None and (pf["device"], pf["inode"]) == (read.device, read.inode) \
+                    and pf["offset"] == 0 and read.problem.value in (pf["rejected"] or {})
+                counts = {} if seen else {read.problem.value: 1}
+                if counts:
+                    report.rejected.update(counts)
+                    report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(counts)
+                _keep(before, job.db_id, pf)
+                files[job.db_id] = read_files[job.db_id] = store.read_progress_file(
+                    pf, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
+                    device=read.device, inode=read.inode, offset=0, size=read.size, now=now,
+                    rejected=counts)
+                continue
+            if not read.data and pf is not None and not read.reset:
+                continue
+            validator = LineValidator(job.slurm_job_id, cursors.get(job.db_id),
+                                      max_future_s=max_future_s)
+            result = process_read(read, validator, now_s)
+            cursors.set(job.db_id, validator.last)
+            samples.extend(store.SampleIn(
+                job_id=job.db_id, time=_utc(r.t), step=r.step, samples=r.samples, gpus=r.gpus,
+                batch_size=r.batch, nodes=r.nodes, metric=r.metric, grad_sqr=r.grad_sqr,
+                grad_var=r.grad_var, restart=r.restart)
+                for r in result.records if r.event == "progress")
+            events.extend((job.db_id, _utc(r.t), r.event, _event_detail(r))
+                          for r in result.records if r.event in EVENT_KINDS)
+            _keep(before, job.db_id, pf)
             files[job.db_id] = read_files[job.db_id] = store.read_progress_file(
                 pf, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
-                device=read.device, inode=read.inode, offset=0, size=read.size, now=now,
-                rejected=counts)
-            continue
-        if not read.data and pf is not None and not read.reset:
-            continue
-        validator = LineValidator(job.slurm_job_id, cursors.get(job.db_id),
-                                  max_future_s=max_future_s)
-        result = process_read(read, validator, now_s)
-        cursors.set(job.db_id, validator.last)
-        samples.extend(store.SampleIn(
-            job_id=job.db_id, time=_utc(r.t), step=r.step, samples=r.samples, gpus=r.gpus,
-            batch_size=r.batch, nodes=r.nodes, metric=r.metric, grad_sqr=r.grad_sqr,
-            grad_var=r.grad_var, restart=r.restart)
-            for r in result.records if r.event == "progress")
-        for r in result.records:
-            if r.event in EVENT_KINDS:
-                store.add_job_event(session, job.db_id, _utc(r.t), r.event, _event_detail(r))
-                report.events += 1
-        files[job.db_id] = read_files[job.db_id] = store.read_progress_file(
-            pf, job_id=job.db_id, path=spool.file_path_safe(job.slurm_job_id),
-            device=read.device, inode=read.inode, offset=result.offset, size=read.size,
-            now=now, accepted=len(result.records), rejected=dict(result.rejected))
-        report.jobs_read += 1
-        report.bytes_read += result.bytes_read
-        if result.rejected:
-            report.rejected.update(result.rejected)
-            report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(
-                result.rejected)
-    store.save_progress_files(session, read_files.values())
+                device=read.device, inode=read.inode, offset=result.offset, size=read.size,
+                now=now, accepted=len(result.records), rejected=dict(result.rejected))
+            report.jobs_read += 1
+            report.bytes_read += result.bytes_read
+            if result.rejected:
+                report.rejected.update(result.rejected)
+                report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(
+                    result.rejected)
+    # Events first, then the files' rows, then the samples.
+    report.events = store.add_job_events(session, events)
+    store.save_progress_files(session, read_files.values(), before)
     report.samples = store.add_progress_samples(session, samples)
     session.flush()
     return report

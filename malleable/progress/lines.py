@@ -105,6 +105,17 @@ def _no_constants(name: str) -> float:
     raise _NonFinite(name)
 
 
+# json.loads(text, parse_constant=_no_constants) builds a decoder per call; one is enough.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
+def _loads(text: str) -> object:
+    """``json.loads(text, parse_constant=_no_constants)``, with a shared decoder."""
+    if text.startswith("\ufeff"):   # as json.loads: a BOM is not JSON
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _DECODER.decode(text)
+
+
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -128,7 +139,7 @@ def parse_line(line: bytes, *, now: float, max_future_s: float = 300.0,
     if len(line) > MAX_LINE_BYTES:
         return Rejection(Reason.TOO_LONG, f"{len(line)} bytes > {MAX_LINE_BYTES}")
     try:
-        doc = json.loads(line.decode("utf-8"), parse_constant=_no_constants)
+        doc = _loads(line.decode("utf-8"))
     except _NonFinite as exc:
         return Rejection(Reason.NAN_OR_INF, f"{exc}")
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

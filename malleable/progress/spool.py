@@ -6,11 +6,13 @@ Every file here is written by a user's job, so every read is defensive:
   relative to the spool directory's descriptor with ``O_NOFOLLOW`` (a symlink
   is refused, never followed) and ``O_NONBLOCK`` (a FIFO cannot block the
   daemon), then checked with ``fstat``: a regular file owned by the job's user;
-* only bytes after the stored offset are read, at most ``max_bytes`` per call;
+* only bytes after the stored offset are read, at most ``max_bytes`` per call
+  (and at most 64 KiB more than the size ``fstat`` gave: no 1 MiB buffer per read);
 * the file's identity (device, inode) and size are returned, so the caller
   notices a replaced or truncated file and starts again from 0.
 
-`SpoolDir.read` returns a `SpoolRead` whatever happens; it never raises for a
+`SpoolDir.read` (or, for many files, `SpoolDir.opened` and its `OpenSpool.read`:
+the directory opened once) returns a `SpoolRead` whatever happens; it never raises for a
 problem with one file. `process_read` cuts a read into validated lines and the
 next offset (pure). This module touches the file system and no database;
 `malleable.progress.ingest` turns the results into database rows.
@@ -24,6 +26,8 @@ import os
 import re
 import stat
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from malleable.progress.lines import LineValidator, ProgressRecord, Reason, Rejection, split_lines
@@ -157,63 +161,101 @@ class SpoolDir:
         Returns:
             A `SpoolRead`; never raises for a problem with the file.
         """
+        with self.opened() as spool:
+            return spool.read(job_id, uid, offset=offset, device=device, inode=inode,
+                              max_bytes=max_bytes)
+
+    @contextmanager
+    def opened(self) -> Iterator[OpenSpool]:
+        """The directory opened once for many reads (one ingest call): yields an
+        `OpenSpool` whose ``read`` is `SpoolDir.read`'s; the directory's descriptor is
+        closed on exit. If the directory cannot be opened, every read says so (a
+        `SpoolRead` with ``exists`` False)."""
+        try:
+            dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            yield OpenSpool(None, f"spool {self.path}: {exc.strerror}")
+            return
+        try:
+            yield OpenSpool(dfd)
+        finally:
+            os.close(dfd)
+
+
+class OpenSpool:
+    """The spool directory's open descriptor (from `SpoolDir.opened`), for many reads.
+
+    Attributes:
+        dfd: the directory's descriptor (None: it could not be opened).
+        error: why it could not be opened ("" when open).
+    """
+
+    def __init__(self, dfd: int | None, error: str = ""):
+        self.dfd = dfd
+        self.error = error
+
+    def read(self, job_id: str, uid: int | None, *, offset: int, device: int | None,
+             inode: int | None, max_bytes: int) -> SpoolRead:
+        """`SpoolDir.read` relative to the open directory (same arguments and result)."""
         try:
             name = progress_file_name(job_id)
         except ValueError as exc:
             return SpoolRead(exists=True, problem=FileProblem.BAD_NAME, detail=str(exc))
-        try:
-            dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            return SpoolRead(exists=False, detail=f"spool {self.path}: {exc.strerror}")
-        try:
-            return self._read(dfd, name, uid, offset, device, inode, max_bytes)
-        finally:
-            os.close(dfd)
+        if self.dfd is None:
+            return SpoolRead(exists=False, detail=self.error)
+        return _read(self.dfd, name, uid, offset, device, inode, max_bytes)
 
-    def _read(self, dfd: int, name: str, uid: int | None, offset: int, device: int | None,
-              inode: int | None, max_bytes: int) -> SpoolRead:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+# Bytes read beyond the size ``fstat`` reported (lines appended between the two calls),
+# instead of a buffer of ``max_bytes`` (1 MiB by default) for every read of a few lines.
+_GROWTH_SLACK = 1 << 16
+
+
+def _read(dfd: int, name: str, uid: int | None, offset: int, device: int | None,
+          inode: int | None, max_bytes: int) -> SpoolRead:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except FileNotFoundError:
+        return SpoolRead(exists=False)
+    except OSError as exc:
         try:
-            fd = os.open(name, flags, dir_fd=dfd)
-        except FileNotFoundError:
+            lst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
             return SpoolRead(exists=False)
-        except OSError as exc:
-            try:
-                lst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                return SpoolRead(exists=False)
-            ident = dict(device=lst.st_dev, inode=lst.st_ino, size=lst.st_size)
-            if stat.S_ISLNK(lst.st_mode) or exc.errno == errno.ELOOP:
-                return SpoolRead(exists=True, problem=FileProblem.SYMLINK, **ident,
-                                 detail=f"{name} is a symbolic link (not followed)")
-            return SpoolRead(exists=True, problem=FileProblem.UNREADABLE, **ident,
-                             detail=f"{name}: {exc.strerror}")
-        try:
-            st = os.fstat(fd)
-            ident = dict(device=st.st_dev, inode=st.st_ino, size=st.st_size)
-            if not stat.S_ISREG(st.st_mode):
-                return SpoolRead(exists=True, problem=FileProblem.NOT_REGULAR, **ident,
-                                 detail=f"{name} is not a regular file")
-            if uid is None or st.st_uid != uid:
-                return SpoolRead(exists=True, problem=FileProblem.WRONG_OWNER, **ident,
-                                 detail=f"{name} is owned by uid {st.st_uid}, the job's "
-                                        f"user is uid {uid}")
-            same = device == st.st_dev and inode == st.st_ino
-            reset = not same or st.st_size < offset
-            start = 0 if reset else offset
-            if start >= st.st_size:
-                return SpoolRead(exists=True, start=start, reset=reset and offset > 0, **ident)
-            # One byte before `start` tells whether `start` is at a line boundary.
-            lead = 1 if start > 0 else 0
-            data = os.pread(fd, max(1, max_bytes) + lead, start - lead)
-            mid_line = bool(lead and data[:1] != b"\n")
-            return SpoolRead(exists=True, start=start, reset=reset and offset > 0,
-                             data=data[lead:], mid_line=mid_line, **ident)
-        except OSError as exc:
-            return SpoolRead(exists=True, problem=FileProblem.UNREADABLE,
-                             detail=f"{name}: {exc.strerror}")
-        finally:
-            os.close(fd)
+        ident = dict(device=lst.st_dev, inode=lst.st_ino, size=lst.st_size)
+        if stat.S_ISLNK(lst.st_mode) or exc.errno == errno.ELOOP:
+            return SpoolRead(exists=True, problem=FileProblem.SYMLINK, **ident,
+                             detail=f"{name} is a symbolic link (not followed)")
+        return SpoolRead(exists=True, problem=FileProblem.UNREADABLE, **ident,
+                         detail=f"{name}: {exc.strerror}")
+    try:
+        st = os.fstat(fd)
+        ident = dict(device=st.st_dev, inode=st.st_ino, size=st.st_size)
+        if not stat.S_ISREG(st.st_mode):
+            return SpoolRead(exists=True, problem=FileProblem.NOT_REGULAR, **ident,
+                             detail=f"{name} is not a regular file")
+        if uid is None or st.st_uid != uid:
+            return SpoolRead(exists=True, problem=FileProblem.WRONG_OWNER, **ident,
+                             detail=f"{name} is owned by uid {st.st_uid}, the job's "
+                                    f"user is uid {uid}")
+        same = device == st.st_dev and inode == st.st_ino
+        reset = not same or st.st_size < offset
+        start = 0 if reset else offset
+        if start >= st.st_size:
+            return SpoolRead(exists=True, start=start, reset=reset and offset > 0, **ident)
+        # One byte before `start` tells whether `start` is at a line boundary.
+        lead = 1 if start > 0 else 0
+        want = min(max(1, max_bytes), st.st_size - start + _GROWTH_SLACK)
+        data = os.pread(fd, want + lead, start - lead)
+        mid_line = bool(lead and data[:1] != b"\n")
+        return SpoolRead(exists=True, start=start, reset=reset and offset > 0,
+                         data=data[lead:], mid_line=mid_line, **ident)
+    except OSError as exc:
+        return SpoolRead(exists=True, problem=FileProblem.UNREADABLE,
+                         detail=f"{name}: {exc.strerror}")
+    finally:
+        os.close(fd)
 
 
 @dataclass

@@ -5,12 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select, text
 from sqlalchemy.exc import IntegrityError
 
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
-from malleable.db.models import Action, Job, JobEvent, ProgressSample, Target
+from malleable.db.models import (
+    Action,
+    Job,
+    JobEvent,
+    ProgressFile,
+    ProgressSample,
+    Setting,
+    Target,
+)
 from malleable.slurm.records import JobState, SlurmJob
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -283,3 +291,162 @@ def test_record_estimates_in_bulk_equals_one_by_one(Session):
         got = store.latest_estimates(s, ids.values())
         assert got[ids["501"]].params == {"p": 0.5} and got[ids["501"]].flags == {"bits": 1}
         assert got[ids["502"]].remaining_work is None and got[ids["502"]].flags is None
+
+
+class Statements:
+    """The SQL statements the engine runs while counting (``with Statements(engine) as st``)."""
+
+    def __init__(self, engine):
+        self.engine, self.sql = engine, []
+
+    def _record(self, conn, cursor, statement, parameters, context, executemany):
+        self.sql.append(" ".join(statement.split()))
+
+    def __enter__(self):
+        event.listen(self.engine, "before_cursor_execute", self._record)
+        return self
+
+    def __exit__(self, *exc):
+        event.remove(self.engine, "before_cursor_execute", self._record)
+
+    def count(self, prefix: str) -> int:
+        return sum(s.startswith(prefix) for s in self.sql)
+
+
+def jobs_table(Session) -> list[tuple]:
+    with Session() as s:
+        return [tuple(r) for r in s.execute(select(Job.__table__).order_by(Job.id))]
+
+
+def test_upsert_unlisted_in_returns_the_active_jobs_not_listed(Session):
+    with Session() as s, s.begin():
+        ids = store.upsert_jobs(s, [sj("1", JobState.RUNNING), sj("2"), sj("3"),
+                                    sj("4", JobState.COMPLETED)], T0).ids
+    t1 = T0 + timedelta(seconds=30)
+    with Session() as s, s.begin():
+        r = store.upsert_jobs(s, [sj("2", JobState.RUNNING), sj("5")], t1,
+                              unlisted_in=("PENDING", "RUNNING"))
+        assert r.unlisted == {"1": ids["1"], "3": ids["3"]}
+        assert (r.new, set(r.ids)) == (1, {"2", "5"})
+        # Not asked: nothing read beyond the jobs given.
+        assert store.upsert_jobs(s, [], t1).unlisted == {}
+        assert store.upsert_jobs(s, [], t1, unlisted_in=["RUNNING"]).unlisted == {
+            "1": ids["1"], "2": ids["2"]}
+    with Session() as s:   # the unlisted jobs are left as they were
+        assert store.get_job(s, "1").last_seen == T0 and store.get_job(s, "3").state == "PENDING"
+
+
+def test_upsert_of_unchanged_jobs_is_one_update_and_keeps_attained_service(engine, Session):
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [sj("1", JobState.RUNNING, gpus=2), sj("2"),
+                              sj("3", JobState.SUSPENDED)], T0)
+    t1 = T0 + timedelta(seconds=10)
+    with Session() as s, s.begin(), Statements(engine) as st:
+        store.upsert_jobs(s, [sj("1", JobState.RUNNING, gpus=2), sj("2"),
+                              sj("3", JobState.SUSPENDED)], t1)
+    # Running and idle jobs whose only change is the poll's time: one executemany.
+    assert st.count("UPDATE jobs") == 1
+    assert st.sql[-1].startswith("UPDATE jobs SET last_seen=?, attained_gpu_s=?")
+    with Session() as s:
+        got = {j.slurm_job_id: (j.last_seen, j.attained_gpu_s) for j in s.scalars(select(Job))}
+    assert got == {"1": (t1, 20.0), "2": (t1, 0.0), "3": (t1, 0.0)}
+
+
+def test_set_setting_is_one_statement_and_expires_a_loaded_setting(engine, Session):
+    with Session() as s, s.begin():
+        store.set_setting(s, "k", {"a": 1}, T0)
+    with Session() as s, s.begin():
+        loaded = s.get(Setting, "k")
+        assert loaded.value == {"a": 1}
+        with Statements(engine) as st:
+            store.set_setting(s, "k", None, T0 + timedelta(seconds=1))
+        assert len(st.sql) == 1 and st.sql[0].startswith("INSERT INTO settings")
+        assert loaded.value is None and loaded.updated_at == T0 + timedelta(seconds=1)
+    with Session() as s:
+        # JSON null, as before (not SQL NULL): the key is set, to None.
+        assert s.execute(text("SELECT value FROM settings WHERE key = 'k'")).scalar() == "null"
+        assert store.get_setting(s, "k", "default") is None
+
+
+def test_add_job_events_in_bulk_equals_one_by_one(Session):
+    with Session() as s, s.begin():
+        jid = store.upsert_jobs(s, [sj("1")], T0).ids["1"]
+    events = [(jid, T0 + timedelta(seconds=i), kind, f'{{"step":{i}}}')
+              for i, kind in enumerate(["started", "checkpointed", "finished"])]
+
+    def rows(s):
+        return [(e.job_id, e.time, e.kind, e.old_state, e.new_state, e.old_gpus, e.new_gpus,
+                 e.old_nodes, e.new_nodes, e.detail)
+                for e in store.job_events(s, jid) if e.kind != "new"]
+
+    with Session() as s, s.begin():
+        assert store.add_job_events(s, events) == 3
+        assert store.add_job_events(s, []) == 0
+        bulk = rows(s)
+        ids = [e.id for e in store.job_events(s, jid) if e.kind != "new"]
+        assert ids == sorted(ids)
+        s.rollback()
+    with Session() as s, s.begin():
+        for e in events:
+            store.add_job_event(s, *e)
+        s.flush()
+        assert rows(s) == bulk
+
+
+def test_progress_files_joined_to_jobs_equal_progress_file_rows(Session):
+    with Session() as s, s.begin():
+        ids = store.upsert_jobs(s, [sj("1"), sj("2"), sj("3")], T0).ids
+        store.save_progress_file(s, job_id=ids["1"], path="/spool/1.jsonl", device=1, inode=2,
+                                 offset=10, size=12, now=T0, accepted=1, rejected={"x": 1})
+        store.save_progress_file(s, job_id=ids["3"], path="/spool/3.jsonl", device=1, inode=3,
+                                 offset=0, size=0, now=T0)
+    query = store.with_progress_files(select(Job.id, Job.slurm_job_id).order_by(Job.id))
+    with Session() as s:
+        rows = store.run_core(s, query).all()
+        assert [r.slurm_job_id for r in rows] == ["1", "2", "3"]
+        assert store.progress_files_of(rows) == store.progress_file_rows(s, ids.values())
+        assert set(store.progress_files_of(rows)) == {ids["1"], ids["3"]}
+
+
+def test_save_progress_files_writes_only_changed_columns_and_the_same_rows(engine, Session):
+    with Session() as s, s.begin():
+        ids = store.upsert_jobs(s, [sj("1"), sj("2"), sj("3")], T0).ids
+        for k in ("1", "2"):
+            store.save_progress_file(s, job_id=ids[k], path=f"/spool/{k}.jsonl", device=1,
+                                     inode=int(k), offset=10, size=10, now=T0, accepted=1,
+                                     rejected={"not_json": 1})
+
+    def read_all(s):
+        files = store.progress_file_rows(s, ids.values())
+        before = {j: dict(r) for j, r in files.items()}
+        t1 = T0 + timedelta(seconds=5)
+        rows = [store.read_progress_file(files[ids["1"]], job_id=ids["1"], path="/spool/1.jsonl",
+                                         device=1, inode=1, offset=20, size=25, now=t1,
+                                         accepted=2),
+                # replaced file, new rejection
+                store.read_progress_file(files[ids["2"]], job_id=ids["2"], path="/spool/2.jsonl",
+                                         device=1, inode=9, offset=5, size=5, now=t1,
+                                         rejected={"too_long": 1}),
+                store.read_progress_file(None, job_id=ids["3"], path="/spool/3.jsonl",
+                                         device=1, inode=3, offset=7, size=7, now=t1, accepted=1)]
+        return rows, before
+
+    def table(s):
+        return sorted(tuple(r) for r in s.execute(select(ProgressFile.__table__)))
+
+    with Session() as s, s.begin():
+        rows, _ = read_all(s)
+        store.save_progress_files(s, rows)          # every column written
+        every = table(s)
+        s.rollback()
+    with Session() as s, s.begin(), Statements(engine) as st:
+        rows, before = read_all(s)
+        store.save_progress_files(s, rows, before)  # only what changed
+        assert table(s) == every
+    updates = [q for q in st.sql if q.startswith("UPDATE progress_files")]
+    assert sorted(updates) == [
+        'UPDATE progress_files SET "offset"=?, size=?, last_read_at=?, lines_accepted=? '
+        'WHERE progress_files.id = ?',
+        'UPDATE progress_files SET inode=?, "offset"=?, size=?, last_read_at=?, '
+        'rejected=? WHERE progress_files.id = ?']
+    assert st.count("INSERT INTO progress_files") == 1

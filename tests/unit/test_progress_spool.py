@@ -152,3 +152,42 @@ def test_process_read_counts_each_bad_line(tmp_path):
                                   "wrong_job": 1}
     assert res.offset == f.stat().st_size
     assert MAX_LINE_BYTES == 4096
+
+
+def test_opened_spool_reads_like_read_with_one_directory_open(tmp_path, monkeypatch):
+    spool = SpoolDir(tmp_path)
+    for job in ("7", "8", "9"):
+        with open(spool.file_path(job), "wb") as f:
+            f.write(line(1, job=job) + line(2, job=job))
+    one_by_one = [read(spool, job=job) for job in ("7", "8", "9", "10")]
+    opens = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda *a, **kw: opens.append(a[0]) or real_open(*a, **kw))
+    with spool.opened() as opened:
+        many = [opened.read(job, UID, offset=0, device=None, inode=None, max_bytes=1 << 20)
+                for job in ("7", "8", "9", "10")]
+    assert many == one_by_one and many[3].exists is False
+    # The directory once, then each file by name relative to it.
+    assert opens == [spool.path, "7.jsonl", "8.jsonl", "9.jsonl", "10.jsonl"]
+
+
+def test_opened_spool_that_cannot_be_opened_reports_every_read(tmp_path):
+    with SpoolDir(tmp_path / "missing").opened() as opened:
+        got = opened.read("7", UID, offset=0, device=None, inode=None, max_bytes=100)
+        assert not got.exists and "missing" in got.detail
+        bad = opened.read("../x", UID, offset=0, device=None, inode=None, max_bytes=100)
+        assert bad.problem == FileProblem.BAD_NAME
+
+
+def test_read_of_a_large_file_returns_every_new_byte_up_to_max_bytes(tmp_path):
+    spool = SpoolDir(tmp_path)
+    body = b"".join(line(i) for i in range(2000))   # > 64 KiB
+    assert len(body) > 1 << 17
+    with open(spool.file_path("7"), "wb") as f:
+        f.write(body)
+    got = read(spool)
+    assert got.data == body and got.size == len(body)
+    st = os.stat(spool.file_path("7"))
+    later = read(spool, offset=1000, device=st.st_dev, inode=st.st_ino)
+    assert later.data == body[1000:] and later.start == 1000
+    assert read(spool, max_bytes=500).data == body[:500]
