@@ -79,9 +79,8 @@ def one(name: str, jobs, policy: str, *, nodes: int = 16, gpn: int = 4,
     """One run; raises `Stopped` once its wall time passes ``wall_limit_s``
     (checked after every decide cycle)."""
     config = parse_config({"policy": {"name": policy}}, source="bench")
-    setup_policy = DEFAULT if policy == "default" else policy
     opts = SimOptions(nodes=nodes, gpus_per_node=gpn, restart_cost_s=30.0,
-                      setup=setup_for(setup_policy), max_time_s=max_time_s)
+                      setup=setup_for(policy), max_time_s=max_time_s)
     t0 = time.perf_counter()
     count = [0]
 
@@ -128,10 +127,9 @@ def main() -> int:
     ap.add_argument("--skip-workload", action="store_true")
     args = ap.parse_args()
     logging.getLogger("malleable").setLevel(logging.ERROR)
-    print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, {os.cpu_count()}-core machine "
-          f"shared with other engineers' test runs and at times the lead's end-to-end "
-          f"demo; run at nice 10; load average at start "
-          f"{os.getloadavg()[0]:.2f}")
+    print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, {os.cpu_count()}-core machine, "
+          f"nice {os.nice(0)}; load average at start {os.getloadavg()[0]:.2f} (a load "
+          f"above 1 means other work shared the cores: wall times are then upper bounds)")
     verdicts = []
     if not args.skip_workload:
         jobs = load_pollux_workload(args.workload)
