@@ -10,7 +10,7 @@ give the same state either way; docs/estimators.md section 1).
 What finished jobs teach the new ones comes from here too: the fitted
 throughput parameters of finished malleable jobs of the same group (same model
 name in the spec, else same job name and user) become their prior
-(`prior_from_finished`), and their total work the history behind
+(`prior_from_finished`, kept per group: `group_prior`), and their total work the history behind
 remaining-work estimates for jobs without a declared target (`WorkHistory`).
 """
 
@@ -29,13 +29,14 @@ from malleable.db.store import run_core
 from malleable.estimators import (
     EstimatorConfig,
     EstimatorState,
+    GroupPrior,
     JobSpecs,
     ProgressBatch,
     ThroughputParams,
     WorkHistory,
     candidate_grid,
     cycle,
-    prior_from_finished,
+    group_prior,
 )
 from malleable.estimators.pipeline import Estimates
 from malleable.estimators.table import SpeedupTable
@@ -56,6 +57,14 @@ _SAMPLES_ALL = select(*_SAMPLE_COLS).where(
     ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
     ProgressSample.id <= bindparam("top"))
 _COMPLETED = select(Job.id).where(Job.malleable.is_(True), Job.state == "COMPLETED")
+# The last estimate of each of some jobs, with what `group_key` reads of the job.
+_LAST_ESTIMATE_ID = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
+                     .where(Estimate.job_id.in_(bindparam("ids", expanding=True)),
+                            Estimate.model == ESTIMATOR_MODEL)
+                     .group_by(Estimate.job_id).subquery())
+_LAST_ESTIMATES = (select(Job.id, Job.spec, Job.user, Job.name, Estimate.params)
+                   .join(_LAST_ESTIMATE_ID, _LAST_ESTIMATE_ID.c.job_id == Job.id)
+                   .join(Estimate, Estimate.id == _LAST_ESTIMATE_ID.c.id).order_by(Job.id))
 
 
 def group_key(job: Job) -> str:
@@ -149,6 +158,9 @@ class EstimatorBook:
         self.watermark = 0                       # largest progress_samples.id folded in
         self.first_batch: dict[int, float] = {}
         self.finished = FinishedKnowledge()
+        # What the finished jobs give (`_finished_priors`), and what it was built from.
+        self._priors_key: tuple | None = None
+        self._priors: tuple[GroupPrior, WorkHistory] | None = None
 
     # ------------------------------------------------------------------ rows
 
@@ -212,13 +224,26 @@ class EstimatorBook:
         done = run_core(s, _COMPLETED).scalars()
         todo = sorted(set(done) - self.finished.seen)
         for chunk in _chunks(todo, 500):
-            last = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
-                    .where(Estimate.job_id.in_(chunk), Estimate.model == ESTIMATOR_MODEL)
-                    .group_by(Estimate.job_id).subquery())
-            q = (select(Job, Estimate.params).join(last, last.c.job_id == Job.id)
-                 .join(Estimate, Estimate.id == last.c.id).order_by(Job.id))
-            for job, params in s.execute(q):
-                self.finished.add(job.id, group_key(job), params or {})
+            for row in run_core(s, _LAST_ESTIMATES, {"ids": chunk}):
+                self.finished.add(row.id, group_key(row), row.params or {})
+
+    def _finished_priors(self, groups: dict[str, int]) -> tuple[GroupPrior, WorkHistory]:
+        """The per-group prior and the work history of the finished jobs (``groups``:
+        group key -> int, as in `job_specs`).
+
+        Rebuilt only when a finished job was learned or the numbering of the groups
+        changed: `FinishedKnowledge` only grows, so its length and the group names
+        (in order, which fixes their numbers) determine both.
+        """
+        fk = self.finished
+        key = (len(fk.group), tuple(groups))
+        if key != self._priors_key or self._priors is None:
+            hg = np.array([groups[g] for g in fk.group], np.int64)
+            gp = group_prior(ThroughputParams.from_u(np.array(fk.u)), hg,
+                             log_sd=np.array(fk.log_sd))
+            self._priors = gp, WorkHistory(np.array(fk.total_work), hg)
+            self._priors_key = key
+        return self._priors
 
     # ------------------------------------------------------------------ one cycle
 
@@ -245,10 +270,8 @@ class EstimatorBook:
         prior = None
         history = None
         if fk.group:
-            hg = np.array([groups[g] for g in fk.group], np.int64)
-            prior = prior_from_finished(ThroughputParams.from_u(np.array(fk.u)), hg,
-                                        specs.history_group, log_sd=np.array(fk.log_sd))
-            history = WorkHistory(np.array(fk.total_work), hg)
+            gp, history = self._finished_priors(groups)
+            prior = gp.for_jobs(specs.history_group)
         k = candidate_grid(specs.max_gpus, gpus_per_node, max(total_gpus, 1))
         self.state, est, table = cycle(self.state, batch, specs, k, gpus_per_node, prior=prior,
                                        history=history, config=self.config)
