@@ -249,8 +249,9 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
     # tau (1-GPU time at m0) scales the cluster default: from the last fit if
     # there is one, else read off the samples; re-centred after this fit.
     log_tau = _log_tau_from_u(state.u, m0)
-    log_tau = np.where(np.isfinite(log_tau), log_tau,
-                       _log_tau_from_data(ck, cn, cm, w, y, m0, config))
+    known_tau = np.isfinite(log_tau)
+    if not known_tau.all():  # (only new jobs have no fit yet)
+        log_tau = np.where(known_tau, log_tau, _log_tau_from_data(ck, cn, cm, w, y, m0, config))
     mu, sd, given = _prior(m0, log_tau, config, prior)
     flags[given] |= int(F.PRIOR_SUPPLIED)
     u = mu.copy()
