@@ -50,10 +50,9 @@ _SAMPLE_COLS = (ProgressSample.id, ProgressSample.job_id, ProgressSample.time,
                 ProgressSample.nodes, ProgressSample.batch_size, ProgressSample.metric,
                 ProgressSample.grad_sqr, ProgressSample.grad_var, ProgressSample.restart)
 _TOP_SAMPLE = select(func.max(ProgressSample.id))
-# Every job's samples in an id range: the rowid range is the cheap way in (an IN on
-# job_id would walk each job's whole index range); other jobs' rows are dropped after.
-_SAMPLES_SINCE = select(*_SAMPLE_COLS).where(ProgressSample.id > bindparam("lo"),
-                                             ProgressSample.id <= bindparam("top"))
+# Every job's samples after an id: the id range is the cheap way in (an IN on job_id
+# would walk each job's whole index range); other jobs' rows are dropped after.
+_SAMPLES_AFTER = select(*_SAMPLE_COLS).where(ProgressSample.id > bindparam("lo"))
 _SAMPLES_ALL = select(*_SAMPLE_COLS).where(
     ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
     ProgressSample.id <= bindparam("top"))
@@ -197,14 +196,18 @@ class EstimatorBook:
 
     def _samples(self, s: Session, ids: list[int], new: list[int]) -> ProgressBatch:
         rows: list = []
-        top = int(run_core(s, _TOP_SAMPLE).scalar() or 0)
         fresh = set(new)
         old = set(ids) - fresh
         # Jobs seen before: only the samples stored since the last cycle. New jobs
-        # (and every job after a restart): all their stored samples.
+        # (and every job after a restart): all their stored samples. ``top``, the
+        # largest sample id, bounds both, so a sample stored meanwhile comes next cycle.
         if old:
-            rows += [r for r in run_core(s, _SAMPLES_SINCE, {"lo": self.watermark, "top": top})
-                     if r.job_id in old]
+            lo = self.watermark
+            after = run_core(s, _SAMPLES_AFTER, {"lo": lo}).all()
+            top = max((r.id for r in after), default=lo)  # no newer ids: none above lo
+            rows += [r for r in after if r.job_id in old]
+        else:
+            top = int(run_core(s, _TOP_SAMPLE).scalar() or 0)
         for chunk in _chunks(new, 500):
             rows += run_core(s, _SAMPLES_ALL, {"ids": chunk, "top": top}).all()
         self.watermark = max(self.watermark, top)
