@@ -224,8 +224,9 @@ def fit_throughput(k: np.ndarray, n: np.ndarray, m: np.ndarray, w: np.ndarray, y
         diag = np.diagonal(hess, axis1=1, axis2=2)
         damp = hess + lama[:, None, None] * (diag[:, :, None] * eye)
         bad = ~np.isfinite(damp).all(axis=(1, 2)) | ~np.isfinite(grad).all(axis=1)
-        damp[bad] = eye
-        grad[bad] = 0.0
+        if bad.any():
+            damp[bad] = eye
+            grad[bad] = 0.0
         step = np.linalg.solve(damp, -grad[..., None])[..., 0]
         u_new = _clip_u(ua + step)
         # The Jacobian at u_new too: the next iteration starts there if it is better.
