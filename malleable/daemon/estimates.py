@@ -10,7 +10,7 @@ give the same state either way; docs/estimators.md section 1).
 What finished jobs teach the new ones comes from here too: the fitted
 throughput parameters of finished malleable jobs of the same group (same model
 name in the spec, else same job name and user) become their prior
-(`prior_from_finished`), and their total work the history behind
+(`prior_from_finished`, kept per group: `group_prior`), and their total work the history behind
 remaining-work estimates for jobs without a declared target (`WorkHistory`).
 """
 
@@ -29,13 +29,14 @@ from malleable.db.store import run_core
 from malleable.estimators import (
     EstimatorConfig,
     EstimatorState,
+    GroupPrior,
     JobSpecs,
     ProgressBatch,
     ThroughputParams,
     WorkHistory,
     candidate_grid,
     cycle,
-    prior_from_finished,
+    group_prior,
 )
 from malleable.estimators.pipeline import Estimates
 from malleable.estimators.table import SpeedupTable
@@ -49,13 +50,29 @@ _SAMPLE_COLS = (ProgressSample.id, ProgressSample.job_id, ProgressSample.time,
                 ProgressSample.nodes, ProgressSample.batch_size, ProgressSample.metric,
                 ProgressSample.grad_sqr, ProgressSample.grad_var, ProgressSample.restart)
 _TOP_SAMPLE = select(func.max(ProgressSample.id))
-_SAMPLES_SINCE = select(*_SAMPLE_COLS).where(
-    ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
-    ProgressSample.id > bindparam("lo"), ProgressSample.id <= bindparam("top"))
+# Every job's samples after an id: the id range is the cheap way in (an IN on job_id
+# would walk each job's whole index range); other jobs' rows are dropped after.
+_SAMPLES_AFTER = select(*_SAMPLE_COLS).where(ProgressSample.id > bindparam("lo"))
 _SAMPLES_ALL = select(*_SAMPLE_COLS).where(
     ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
     ProgressSample.id <= bindparam("top"))
 _COMPLETED = select(Job.id).where(Job.malleable.is_(True), Job.state == "COMPLETED")
+# The last estimate of each of some jobs, with what `group_key` reads of the job.
+_LAST_ESTIMATE_ID = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
+                     .where(Estimate.job_id.in_(bindparam("ids", expanding=True)),
+                            Estimate.model == ESTIMATOR_MODEL)
+                     .group_by(Estimate.job_id).subquery())
+_LAST_ESTIMATES = (select(Job.id, Job.spec, Job.user, Job.name, Estimate.params)
+                   .join(_LAST_ESTIMATE_ID, _LAST_ESTIMATE_ID.c.job_id == Job.id)
+                   .join(Estimate, Estimate.id == _LAST_ESTIMATE_ID.c.id).order_by(Job.id))
+
+
+#: Floor of a finished-jobs prior's log sd (`group_prior`'s default).
+_MIN_PRIOR_LOG_SD = 0.2
+
+
+def _sample_order(r) -> tuple:
+    return (r.job_id, r.time, r.id)
 
 
 def group_key(job: Job) -> str:
@@ -149,11 +166,18 @@ class EstimatorBook:
         self.watermark = 0                       # largest progress_samples.id folded in
         self.first_batch: dict[int, float] = {}
         self.finished = FinishedKnowledge()
+        # What the finished jobs give (`_finished_priors`), and what it was built from;
+        # per group key: (its finished jobs, its row of `GroupPrior` mean_u and log_sd).
+        self._priors_key: tuple | None = None
+        self._priors: tuple[GroupPrior, WorkHistory] | None = None
+        self._group_priors: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ rows
 
     def _align(self, ids: list[int]) -> list[int]:
         """Reorder/extend the state's rows to ``ids``; returns the ids that are new."""
+        if ids == self.ids:  # the same jobs in the same order: the state as it is
+            return []
         pos = {jid: r for r, jid in enumerate(self.ids)}
         keep = [pos[j] for j in ids if j in pos]
         new = [j for j in ids if j not in pos]
@@ -172,34 +196,44 @@ class EstimatorBook:
 
     def _samples(self, s: Session, ids: list[int], new: list[int]) -> ProgressBatch:
         rows: list = []
-        top = int(run_core(s, _TOP_SAMPLE).scalar() or 0)
         fresh = set(new)
-        old = [j for j in ids if j not in fresh]
+        old = set(ids) - fresh
         # Jobs seen before: only the samples stored since the last cycle. New jobs
-        # (and every job after a restart): all their stored samples.
-        for chunk in _chunks(old, 500):
-            rows += run_core(s, _SAMPLES_SINCE, {"ids": chunk, "lo": self.watermark,
-                                                 "top": top}).all()
+        # (and every job after a restart): all their stored samples. ``top``, the
+        # largest sample id, bounds both, so a sample stored meanwhile comes next cycle.
+        if old:
+            lo = self.watermark
+            after = run_core(s, _SAMPLES_AFTER, {"lo": lo}).all()
+            top = max((r.id for r in after), default=lo)  # no newer ids: none above lo
+            rows += [r for r in after if r.job_id in old]
+        else:
+            top = int(run_core(s, _TOP_SAMPLE).scalar() or 0)
         for chunk in _chunks(new, 500):
             rows += run_core(s, _SAMPLES_ALL, {"ids": chunk, "top": top}).all()
         self.watermark = max(self.watermark, top)
-        rows.sort(key=lambda r: (r.job_id, r.time, r.id))
+        rows.sort(key=_sample_order)
         row_of = {jid: r for r, jid in enumerate(ids)}
+        first_batch = self.first_batch
         for r in rows:
-            self.first_batch.setdefault(r.job_id, float(r.batch_size))
+            if r.job_id not in first_batch:
+                first_batch[r.job_id] = float(r.batch_size)
         n = len(rows)
+        # Columns in _SAMPLE_COLS order: id, job_id, time, step, samples, gpus, nodes,
+        # batch_size, metric, grad_sqr, grad_var, restart.
+        cols = list(zip(*rows, strict=True)) if n else [()] * len(_SAMPLE_COLS)
 
-        def arr(get, dtype=np.float64):
-            return np.fromiter((get(r) for r in rows), dtype=dtype, count=n)
+        def arr(values, dtype=np.float64):
+            return np.fromiter(values, dtype=dtype, count=n)
+
+        def nans(values):
+            return arr(_nan(v) for v in values)
 
         return ProgressBatch(
-            job=arr(lambda r: row_of[r.job_id], np.int64),
-            t=arr(lambda r: r.time.timestamp()),
-            step=arr(lambda r: r.step), samples=arr(lambda r: r.samples),
-            gpus=arr(lambda r: r.gpus), nodes=arr(lambda r: _nan(r.nodes)),
-            batch=arr(lambda r: r.batch_size), metric=arr(lambda r: _nan(r.metric)),
-            grad_sqr=arr(lambda r: _nan(r.grad_sqr)), grad_var=arr(lambda r: _nan(r.grad_var)),
-            restart=arr(lambda r: _nan(r.restart)))
+            job=arr((row_of[j] for j in cols[1]), np.int64),
+            t=arr(x.timestamp() for x in cols[2]),
+            step=arr(cols[3]), samples=arr(cols[4]), gpus=arr(cols[5]), nodes=nans(cols[6]),
+            batch=arr(cols[7]), metric=nans(cols[8]), grad_sqr=nans(cols[9]),
+            grad_var=nans(cols[10]), restart=nans(cols[11]))
 
     # ------------------------------------------------------------------ finished jobs
 
@@ -212,13 +246,42 @@ class EstimatorBook:
         done = run_core(s, _COMPLETED).scalars()
         todo = sorted(set(done) - self.finished.seen)
         for chunk in _chunks(todo, 500):
-            last = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
-                    .where(Estimate.job_id.in_(chunk), Estimate.model == ESTIMATOR_MODEL)
-                    .group_by(Estimate.job_id).subquery())
-            q = (select(Job, Estimate.params).join(last, last.c.job_id == Job.id)
-                 .join(Estimate, Estimate.id == last.c.id).order_by(Job.id))
-            for job, params in s.execute(q):
-                self.finished.add(job.id, group_key(job), params or {})
+            for row in run_core(s, _LAST_ESTIMATES, {"ids": chunk}):
+                self.finished.add(row.id, group_key(row), row.params or {})
+
+    def _finished_priors(self, groups: dict[str, int]) -> tuple[GroupPrior, WorkHistory]:
+        """The per-group prior and the work history of the finished jobs (``groups``:
+        group key -> int, as in `job_specs`).
+
+        Rebuilt only when a finished job was learned or the numbering of the groups
+        changed: `FinishedKnowledge` only grows, so its length and the group names
+        (in order, which fixes their numbers) determine both. A group's prior depends
+        on its own finished jobs alone (the first n learned of that group), so only
+        the groups that grew are fitted again (`group_prior` of that group's jobs;
+        the same values as of all jobs at once).
+        """
+        fk = self.finished
+        key = (len(fk.group), tuple(groups))
+        if key != self._priors_key or self._priors is None:
+            members: dict[str, list[int]] = {}
+            for i, g in enumerate(fk.group):
+                members.setdefault(g, []).append(i)
+            for g, idx in members.items():
+                if self._group_priors.get(g, (0,))[0] != len(idx):
+                    one = group_prior(ThroughputParams.from_u(np.array([fk.u[i] for i in idx])),
+                                      np.zeros(len(idx), np.int64),
+                                      min_log_sd=_MIN_PRIOR_LOG_SD,
+                                      log_sd=np.array([fk.log_sd[i] for i in idx]))
+                    self._group_priors[g] = (len(idx), one.mean_u[0], one.log_sd[0])
+            names = sorted(members, key=groups.__getitem__)
+            gp = GroupPrior(np.array([groups[g] for g in names], np.int64),
+                            np.array([self._group_priors[g][1] for g in names]),
+                            np.array([self._group_priors[g][2] for g in names]),
+                            _MIN_PRIOR_LOG_SD)
+            hg = np.array([groups[g] for g in fk.group], np.int64)
+            self._priors = gp, WorkHistory(np.array(fk.total_work), hg)
+            self._priors_key = key
+        return self._priors
 
     # ------------------------------------------------------------------ one cycle
 
@@ -245,10 +308,8 @@ class EstimatorBook:
         prior = None
         history = None
         if fk.group:
-            hg = np.array([groups[g] for g in fk.group], np.int64)
-            prior = prior_from_finished(ThroughputParams.from_u(np.array(fk.u)), hg,
-                                        specs.history_group, log_sd=np.array(fk.log_sd))
-            history = WorkHistory(np.array(fk.total_work), hg)
+            gp, history = self._finished_priors(groups)
+            prior = gp.for_jobs(specs.history_group)
         k = candidate_grid(specs.max_gpus, gpus_per_node, max(total_gpus, 1))
         self.state, est, table = cycle(self.state, batch, specs, k, gpus_per_node, prior=prior,
                                        history=history, config=self.config)

@@ -23,8 +23,10 @@ from malleable.estimators.params import (
     ClusterDefault,
     EstimateFlags,
     EstimatorConfig,
+    GroupPrior,
     ThroughputParams,
     ThroughputPrior,
+    group_prior,
     prior_from_finished,
 )
 from malleable.estimators.pipeline import (
@@ -41,9 +43,9 @@ from malleable.estimators.throughput import fit_power_law, fit_throughput, itera
 
 __all__ = [
     "ClusterDefault", "CurveStats", "EstimateFlags", "Estimates", "EstimatorConfig",
-    "EstimatorState", "JobSpecs", "ProgressBatch", "SpeedupTable", "ThroughputParams",
+    "EstimatorState", "GroupPrior", "JobSpecs", "ProgressBatch", "SpeedupTable", "ThroughputParams",
     "ThroughputPrior", "WorkHistory", "candidate_grid", "cycle", "estimate",
-    "feasible_mask", "fit_power_law", "fit_throughput", "iteration_time", "noise_scale",
+    "feasible_mask", "fit_power_law", "fit_throughput", "group_prior", "iteration_time", "noise_scale",
     "nodes_for", "optimal_batch", "predict_target", "prior_from_finished",
     "remaining_from_history", "speedup_table", "update",
 ]

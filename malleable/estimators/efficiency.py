@@ -26,6 +26,8 @@ and goodput = X(k, n, m) * E(m), in samples-at-m0 per second.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from malleable.estimators.params import GAMMA_MAX
@@ -104,6 +106,14 @@ def _iteration_time_grid32(u: np.ndarray, k: np.ndarray, n: np.ndarray,
     return tc * (f32(1.0) + ratio ** gamma) ** (f32(1.0) / gamma)
 
 
+@functools.cache
+def _grid_fractions(candidates: int) -> np.ndarray:
+    """(candidates,) float32 0..1, evenly spaced: the batch grid's positions in log space."""
+    frac = np.linspace(0.0, 1.0, candidates, dtype=np.float32)
+    frac.flags.writeable = False
+    return frac
+
+
 @np.errstate(all="ignore")  # non-finite intermediate values are masked
 def optimal_batch(u: np.ndarray, k: np.ndarray, n: np.ndarray, m0: np.ndarray,
                   max_batch: np.ndarray, max_local_batch: np.ndarray, phi: np.ndarray,
@@ -150,7 +160,7 @@ def optimal_batch(u: np.ndarray, k: np.ndarray, n: np.ndarray, m0: np.ndarray,
     f32 = np.float32
     lower = np.ceil(lo - 1e-9)
     upper = np.maximum(np.floor(hi + 1e-9), lower)
-    frac = np.linspace(0.0, 1.0, candidates, dtype=f32)
+    frac = _grid_fractions(candidates)
     llo = np.log(lo).astype(f32)
     span = (np.log(hi) - np.log(lo)).astype(f32)
     cand = np.round(np.exp(llo[..., None] + span[..., None] * frac))
@@ -161,7 +171,7 @@ def optimal_batch(u: np.ndarray, k: np.ndarray, n: np.ndarray, m0: np.ndarray,
     gp = cand / _iteration_time_grid32(u, k, n, cand) * eff
     gp = np.where(np.isfinite(gp), gp, f32(0.0))
     best = np.argmax(gp, axis=2)
-    batch = np.take_along_axis(cand, best[..., None], axis=2)[..., 0].astype(np.float64)
+    batch = cand[np.arange(J)[:, None], np.arange(K)[None, :], best].astype(np.float64)
     batch = np.where(fits, np.clip(batch, lower, upper), 0.0)
     # ... then goodput and throughput at the chosen batch in float64.
     kk = np.broadcast_to(np.maximum(k, 1.0)[None, :], (J, K))

@@ -80,7 +80,7 @@ def add_points(stats: CurveStats, job: np.ndarray, p: np.ndarray, y: np.ndarray,
     if job.size == 0:
         return stats
     # The scale of a job: its first usable sample's progress, fixed once set.
-    first = np.r_[True, job[1:] != job[:-1]]
+    first = np.concatenate(([True], job[1:] != job[:-1]))
     scale = stats.scale.copy()
     new_scale = np.isnan(scale[job[first]])
     scale[job[first][new_scale]] = p[first][new_scale]
@@ -105,7 +105,7 @@ def add_points(stats: CurveStats, job: np.ndarray, p: np.ndarray, y: np.ndarray,
     sxx[rows] += seg(x * x).T
     sxy[rows] += seg(x * y32).T
     count = stats.count.copy()
-    count[rows] += np.diff(np.r_[starts, job.size])
+    count[rows] += np.diff(np.append(starts, job.size))
     best_max = stats.best_max.copy()
     best_min = stats.best_min.copy()
     best_max[rows] = np.maximum(best_max[rows], np.maximum.reduceat(y, starts))

@@ -147,8 +147,63 @@ def prior_from_finished(params: ThroughputParams, group: np.ndarray, job_group: 
     Raises:
         ValueError: ``log_sd`` is not (H, 7).
     """
-    job_group = np.asarray(job_group, dtype=np.int64)
-    J = job_group.shape[0]
+    return group_prior(params, group, min_log_sd=min_log_sd, log_sd=log_sd).for_jobs(job_group)
+
+
+class GroupPrior(NamedTuple):
+    """The prior of each group of finished jobs (`group_prior`), before it is given to jobs.
+
+    `prior_from_finished` is ``group_prior(...).for_jobs(job_group)``; a caller
+    whose finished jobs change less often than its jobs (the daemon) keeps one
+    and calls `for_jobs` every cycle.
+
+    Attributes:
+        groups: (G,) int64, ascending, the groups that have finished jobs.
+        mean_u: (G, 7) mean of their ``u`` per group.
+        log_sd: (G, 7) prior standard deviation per group (already floored
+            at ``min_log_sd``).
+        min_log_sd: the floor, also the sd given to jobs without a group prior.
+    """
+
+    groups: np.ndarray
+    mean_u: np.ndarray
+    log_sd: np.ndarray
+    min_log_sd: float
+
+    def for_jobs(self, job_group: np.ndarray) -> ThroughputPrior:
+        """`ThroughputPrior` for J jobs of groups ``job_group`` ((J,) int, -1: none).
+
+        A job whose group has no finished job gets ``given`` False (mean u = 0,
+        sd = ``min_log_sd``, which `ThroughputPrior` says are ignored).
+        """
+        job_group = np.asarray(job_group, dtype=np.int64)
+        J = job_group.shape[0]
+        mean_u = np.zeros((J, NUM_PARAMS))
+        sd = np.full((J, NUM_PARAMS), self.min_log_sd)
+        given = np.zeros(J, dtype=bool)
+        G = self.groups.shape[0]
+        if G and J:
+            pos = np.minimum(np.searchsorted(self.groups, job_group), G - 1)
+            given = (job_group >= 0) & (self.groups[pos] == job_group)
+            mean_u[given] = self.mean_u[pos[given]]
+            sd[given] = self.log_sd[pos[given]]
+        return ThroughputPrior(ThroughputParams.from_u(mean_u), sd, given)
+
+
+def group_prior(params: ThroughputParams, group: np.ndarray, min_log_sd: float = 0.2,
+                log_sd: np.ndarray | None = None) -> GroupPrior:
+    """The per-group part of `prior_from_finished` (same arguments but ``job_group``).
+
+    Per group of ``group``: the mean of the finished jobs' ``u`` and the
+    standard deviation described in `prior_from_finished` (spread between
+    them plus the mean of their posterior variances, at least ``min_log_sd``).
+
+    Returns:
+        `GroupPrior` over the groups present in ``group`` (ascending).
+
+    Raises:
+        ValueError: ``log_sd`` is not (H, 7).
+    """
     group = np.asarray(group, dtype=np.int64)
     u = params.to_u().reshape(-1, NUM_PARAMS) if group.size else np.zeros((0, NUM_PARAMS))
     post_var = np.zeros_like(u)
@@ -157,19 +212,15 @@ def prior_from_finished(params: ThroughputParams, group: np.ndarray, job_group: 
         if post.shape != u.shape:
             raise ValueError(f"log_sd must have shape {u.shape}, got {post.shape}")
         post_var = np.where(np.isfinite(post), post, 0.0) ** 2
-    mean_u = np.zeros((J, NUM_PARAMS))
-    sd = np.full((J, NUM_PARAMS), min_log_sd)
-    given = np.zeros(J, dtype=bool)
-    for g in np.unique(job_group[job_group >= 0]):
+    groups = np.unique(group)
+    mean_u = np.zeros((groups.shape[0], NUM_PARAMS))
+    sd = np.zeros((groups.shape[0], NUM_PARAMS))
+    for i, g in enumerate(groups):
         rows = group == g
-        if not np.any(rows):
-            continue
-        sel = job_group == g
-        mean_u[sel] = u[rows].mean(axis=0)
+        mean_u[i] = u[rows].mean(axis=0)
         between = u[rows].var(axis=0, ddof=1) if rows.sum() > 1 else np.zeros(NUM_PARAMS)
-        sd[sel] = np.maximum(np.sqrt(between + post_var[rows].mean(axis=0)), min_log_sd)
-        given[sel] = True
-    return ThroughputPrior(ThroughputParams.from_u(mean_u), sd, given)
+        sd[i] = np.maximum(np.sqrt(between + post_var[rows].mean(axis=0)), min_log_sd)
+    return GroupPrior(groups, mean_u, sd, min_log_sd)
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ def _log_tau_from_u(u: np.ndarray, m0: np.ndarray) -> np.ndarray:
     one = np.ones((u.shape[0], 1))
     safe = np.where(np.isfinite(u), u, 0.0)
     out = log_iteration_time(safe, one, one, m0[:, None])[:, 0]
-    return np.where(np.all(np.isfinite(u), axis=1), out, np.nan)
+    return np.where(np.isfinite(u).all(axis=1), out, np.nan)
 
 
 def _prior(m0: np.ndarray, log_tau: np.ndarray, config: EstimatorConfig,
@@ -139,8 +139,10 @@ def _prior(m0: np.ndarray, log_tau: np.ndarray, config: EstimatorConfig,
         if given.shape != (J,):
             raise ValueError(f"prior.given must have shape ({J},), got {given.shape}")
         pu = _prior_u(prior, given)
-        psd = np.broadcast_to(np.asarray(prior.log_sd, dtype=np.float64), (J, NUM_PARAMS))
-        okp = given & np.all(np.isfinite(pu), axis=1) & np.all(np.isfinite(psd) & (psd > 0), axis=1)
+        psd = np.asarray(prior.log_sd, dtype=np.float64)
+        if psd.shape != (J, NUM_PARAMS):
+            psd = np.broadcast_to(psd, (J, NUM_PARAMS))
+        okp = given & np.isfinite(pu).all(axis=1) & (np.isfinite(psd) & (psd > 0)).all(axis=1)
         mu[okp] = pu[okp]
         sd[okp] = psd[okp]
         given = okp
@@ -150,12 +152,13 @@ def _prior(m0: np.ndarray, log_tau: np.ndarray, config: EstimatorConfig,
 def _prior_u(prior: ThroughputPrior, given: np.ndarray) -> np.ndarray:
     """u of the supplied prior where given (NaN rows elsewhere or where invalid)."""
     J = given.shape[0]
-    fields_ = [np.broadcast_to(np.asarray(f, dtype=np.float64), (J,)) for f in prior.mean]
+    fields_ = [np.asarray(f, dtype=np.float64) for f in prior.mean]
+    fields_ = [f if f.shape == (J,) else np.broadcast_to(f, (J,)) for f in fields_]
     times = np.stack(fields_[:6], axis=1)
     gamma = fields_[6]
-    valid = given & np.all(times > 0, axis=1) & (gamma > 1) & (gamma < 10)
+    valid = given & (times > 0).all(axis=1) & (gamma > 1) & (gamma < 10)
     out = np.full((J, NUM_PARAMS), np.nan)
-    if np.any(valid):
+    if valid.any():
         out[valid] = ThroughputParams(*(f[valid] for f in fields_)).to_u()
     return out
 
@@ -177,9 +180,10 @@ def _compact(state: EstimatorState):
     used = w > 0
     width = max(1, int(used.sum(axis=1).max())) if used.size else 1
     order = np.argsort(~used, axis=1, kind="stable")[:, :width]
+    row = np.arange(order.shape[0])[:, None]
 
     def take(a):
-        return np.take_along_axis(a, order, axis=1)
+        return a[row, order]
     return (take(state.cfg_k), take(state.cfg_n), take(state.cfg_m), take(w),
             take(state.cfg_s1), take(state.cfg_s2))
 
@@ -235,7 +239,7 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
     m_hi = np.where(w > 0, cm, -np.inf).max(axis=1)
     m_lo = np.where(w > 0, cm, np.inf).min(axis=1)
     single_m = ~(m_hi > m_lo)
-    multi = np.any((w > 0) & (cn > 1), axis=1)
+    multi = ((w > 0) & (cn > 1)).any(axis=1)
     flags[~has] |= int(F.NO_SAMPLES)
     flags[has & (kmax == kmin)] |= int(F.SINGLE_GPU_COUNT)
     flags[has & single_m] |= int(F.SINGLE_BATCH)
@@ -245,8 +249,9 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
     # tau (1-GPU time at m0) scales the cluster default: from the last fit if
     # there is one, else read off the samples; re-centred after this fit.
     log_tau = _log_tau_from_u(state.u, m0)
-    log_tau = np.where(np.isfinite(log_tau), log_tau,
-                       _log_tau_from_data(ck, cn, cm, w, y, m0, config))
+    known_tau = np.isfinite(log_tau)
+    if not known_tau.all():  # (only new jobs have no fit yet)
+        log_tau = np.where(known_tau, log_tau, _log_tau_from_data(ck, cn, cm, w, y, m0, config))
     mu, sd, given = _prior(m0, log_tau, config, prior)
     flags[given] |= int(F.PRIOR_SUPPLIED)
     u = mu.copy()
@@ -257,14 +262,14 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
     rows = np.flatnonzero(has)
     if rows.size:
         u0 = state.u[rows]
-        u0 = np.where(np.all(np.isfinite(u0), axis=1, keepdims=True), u0, mu[rows])
+        u0 = np.where(np.isfinite(u0).all(axis=1, keepdims=True), u0, mu[rows])
         args = (ck[rows], cn[rows], cm[rows], w[rows], y[rows], within[rows])
         kw = dict(iterations=config.fit_iterations, noise_log_sd=config.noise_log_sd,
                   noise_dof=config.noise_dof)
         fit: ThroughputFit = fit_throughput(*args, mu[rows], sd[rows], u_init=u0, **kw)
         tau_fit = _log_tau_from_u(fit.u, m0[rows])
         moved = ~given[rows] & fit.ok & (np.abs(tau_fit - log_tau[rows]) > 0.05)
-        if np.any(moved):
+        if moved.any():
             mv = rows[moved]
             mu2, _, _ = _prior(m0[mv], tau_fit[moved], config, None)
             mu[mv] = mu2
@@ -304,7 +309,7 @@ def _remaining(state: EstimatorState, specs: JobSpecs, progress: np.ndarray,
     flags[exact] |= int(F.REMAINING_EXACT)
 
     metric = ~exact & np.isfinite(specs.target_metric)
-    if np.any(metric):
+    if metric.any():
         rows = np.flatnonzero(metric)
         sub = predict_target(CurveStats(*(a[rows] for a in state.curve)),
                              np.asarray(config.curve_exponents), specs.target_metric[rows],
@@ -324,7 +329,7 @@ def _remaining(state: EstimatorState, specs: JobSpecs, progress: np.ndarray,
         flags[metric & ~done & cp.fitted & ~use] |= int(F.TARGET_UNREACHABLE)
 
     rest = np.isnan(W)
-    if np.any(rest):
+    if rest.any():
         hist = remaining_from_history(progress, specs.history_group, history,
                                       min_tail=config.history_min_tail)
         use = rest & hist.ok

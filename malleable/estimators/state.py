@@ -193,7 +193,7 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
         return replace(state, rejected=rejected)
     tb = t if idx is None else t[idx]
     djob = np.diff(jb)
-    if np.any(djob < 0) or np.any((np.diff(tb) < 0) & (djob == 0)):
+    if (djob < 0).any() or ((np.diff(tb) < 0) & (djob == 0)).any():
         order = np.lexsort((tb, jb))
         idx = order if idx is None else idx[order]
         jb = job[idx]
@@ -210,7 +210,7 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
     first[1:] = jb[1:] != jb[:-1]
     starts = np.flatnonzero(first)
     rows = jb[starts]                                     # jobs present in this batch
-    counts = np.diff(np.r_[starts, N])
+    counts = np.diff(np.append(starts, N))
     seg_end = starts + counts - 1
     last_rows = state.last[rows]
 
@@ -266,7 +266,7 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
     # --- learning curve points.
     has_m = np.isfinite(met)
     curve = state.curve
-    if np.any(has_m):
+    if has_m.any():
         curve = add_points(curve, jb[has_m], prog_at[has_m], met[has_m],
                            np.asarray(config.curve_exponents, dtype=np.float64))
 
@@ -278,7 +278,7 @@ def update(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs,
                 & same_run)
     good = interval & (dt > 0) & (dsamples > 0)
     bad_iv = interval & ~good
-    if np.any(bad_iv):
+    if bad_iv.any():
         np.add.at(rejected, jb[bad_iv], 1)
     intervals = state.intervals.copy()
     intervals[rows] += np.add.reduceat(good.astype(np.int64), starts)
@@ -402,7 +402,7 @@ def _fold_configs(state: EstimatorState, jg: np.ndarray, k: np.ndarray, n: np.nd
     cfg_s1[mj, ms] += S1[has]
     cfg_s2[mj, ms] += S2[has]
     new = ~has
-    if np.any(new):
+    if new.any():
         # Replaceable slots per job: empty ones first; then, among the GPU counts
         # (k, n) with the most slots, the least weight (so that a job with many
         # batch sizes keeps every k it has run on); never a slot just matched.
@@ -410,16 +410,16 @@ def _fold_configs(state: EstimatorState, jg: np.ndarray, k: np.ndarray, n: np.nd
         # more new ones than slots keep every k (then the most weight).
         newi = np.flatnonzero(new)
         kn_start = _segments(gj[newi], gk[newi], gn[newi])
-        kn_rank = np.arange(newi.size) - np.repeat(kn_start, np.diff(np.r_[kn_start, newi.size]))
+        kn_rank = np.arange(newi.size) - np.repeat(kn_start, np.diff(np.append(kn_start, newi.size)))
         newi = newi[np.lexsort((-W[newi], kn_rank, gj[newi]))]
         nj = gj[newi]
         ujobs, first_idx = np.unique(nj, return_index=True)
-        rank = np.arange(nj.size) - np.repeat(first_idx, np.diff(np.r_[first_idx, nj.size]))
+        rank = np.arange(nj.size) - np.repeat(first_idx, np.diff(np.append(first_idx, nj.size)))
         ku, nu, wu = cfg_k[ujobs], cfg_n[ujobs], cfg_w[ujobs]
         prio = np.where(ku > 0, wu, -1.0)
         # Counting slots per (k, n) costs C x C per job: only for jobs whose
         # new configurations do not all fit into empty slots.
-        n_new = np.diff(np.r_[first_idx, nj.size])
+        n_new = np.diff(np.append(first_idx, nj.size))
         crowded = np.flatnonzero(n_new > np.sum(ku == 0, axis=1))
         if crowded.size:
             kc, nc, wc = ku[crowded], nu[crowded], wu[crowded]

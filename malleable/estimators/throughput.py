@@ -49,20 +49,43 @@ def log_iteration_time(u: np.ndarray, k: np.ndarray, n: np.ndarray, m: np.ndarra
     Returns:
         f: (J, C) log iteration time; and with ``jacobian`` a (J, C, 7) array.
     """
-    u = np.asarray(u, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    n = np.asarray(n, dtype=np.float64)
-    m = np.asarray(m, dtype=np.float64)
+    return _log_time(np.asarray(u, dtype=np.float64), _Geometry.of(k, n, m), jacobian)
+
+
+class _Geometry(NamedTuple):
+    """What `log_iteration_time` needs of the configurations (k, n, m) alone, so that
+    a fit evaluating many ``u`` at the same configurations derives it once."""
+
+    local: np.ndarray   # per-GPU batch m / max(k, 1)
+    inter: np.ndarray   # bool: synchronisation across nodes
+    intra: np.ndarray   # bool: synchronisation within a node
+    sync: np.ndarray    # bool: intra | inter
+    extra: np.ndarray   # replicas beyond 2, max(k - 2, 0)
+
+    @classmethod
+    def of(cls, k, n, m) -> _Geometry:
+        k = np.asarray(k, dtype=np.float64)
+        n = np.asarray(n, dtype=np.float64)
+        m = np.asarray(m, dtype=np.float64)
+        inter = (k > 1) & (n > 1)
+        intra = (k > 1) & ~inter
+        return cls(m / np.maximum(k, 1.0), inter, intra, intra | inter,
+                   np.maximum(k - 2.0, 0.0))
+
+    def take(self, rows: np.ndarray) -> _Geometry:
+        """The geometry of rows ``rows`` (all fields must have J rows)."""
+        return _Geometry(*(a[rows] for a in self))
+
+
+def _log_time(u: np.ndarray, geo: _Geometry, jacobian: bool):
+    """`log_iteration_time` on a precomputed `_Geometry` (u: (J, 7) float64)."""
+    local, inter, intra, sync, extra = geo
     th = np.exp(u[:, :6])[:, None, :]                                  # (J,1,6)
     gamma = 1.0 + (GAMMA_MAX - 1.0) / (1.0 + np.exp(-u[:, 6]))[:, None]  # (J,1)
-    local = m / np.maximum(k, 1.0)
     tc = th[..., 0] + th[..., 1] * local
-    inter = (k > 1) & (n > 1)
-    intra = (k > 1) & ~inter
-    extra = np.maximum(k - 2.0, 0.0)
     a_s = np.where(inter, th[..., 4], th[..., 2])
     b_s = np.where(inter, th[..., 5], th[..., 3])
-    ts = np.where(intra | inter, a_s + b_s * extra, 0.0)
+    ts = np.where(sync, a_s + b_s * extra, 0.0)
     ltc = np.log(tc)
     with np.errstate(divide="ignore"):
         lts = np.log(ts)                                                # -inf where Ts = 0
@@ -70,11 +93,13 @@ def log_iteration_time(u: np.ndarray, k: np.ndarray, n: np.ndarray, m: np.ndarra
     if not jacobian:
         return f
     # Shares of the two terms in S = Tc^g + Ts^g.
+    pos = ts > 0
+    lts0 = np.where(pos, lts, 0.0)
     sc = np.exp(gamma * (ltc - f))
-    ss = np.where(ts > 0, np.exp(gamma * (np.where(ts > 0, lts, 0.0) - f)), 0.0)
+    ss = np.where(pos, np.exp(gamma * (lts0 - f)), 0.0)
     dtc = sc / tc                      # d f / d Tc
-    dts = np.where(ts > 0, ss / np.where(ts > 0, ts, 1.0), 0.0)  # d f / d Ts
-    jac = np.zeros(f.shape + (NUM_PARAMS,))
+    dts = np.where(pos, ss / np.where(pos, ts, 1.0), 0.0)  # d f / d Ts
+    jac = np.empty(f.shape + (NUM_PARAMS,))
     jac[..., 0] = dtc * th[..., 0]
     jac[..., 1] = dtc * th[..., 1] * local
     da = dts * a_s
@@ -83,7 +108,7 @@ def log_iteration_time(u: np.ndarray, k: np.ndarray, n: np.ndarray, m: np.ndarra
     jac[..., 3] = np.where(intra, db, 0.0)
     jac[..., 4] = np.where(inter, da, 0.0)
     jac[..., 5] = np.where(inter, db, 0.0)
-    dgamma = (sc * ltc + np.where(ts > 0, ss * np.where(ts > 0, lts, 0.0), 0.0) - f) / gamma
+    dgamma = (sc * ltc + np.where(pos, ss * lts0, 0.0) - f) / gamma
     frac = (gamma - 1.0) / (GAMMA_MAX - 1.0)
     jac[..., 6] = dgamma * (GAMMA_MAX - 1.0) * frac * (1.0 - frac)
     return f, jac
@@ -179,47 +204,62 @@ def fit_throughput(k: np.ndarray, n: np.ndarray, m: np.ndarray, w: np.ndarray, y
     ss_within = np.where(np.isfinite(within_ss), np.maximum(within_ss, 0.0), 0.0)
     eye = np.eye(NUM_PARAMS)
 
-    f = log_iteration_time(u, k, n, m)
+    geo = _Geometry.of(k, n, m)
+    f, jac = _log_time(u, geo, True)   # the loop's fa and ja always belong to its ua
     ssr = np.sum(w * (f - y) ** 2, axis=1)
     pri = np.sum((u - mu) ** 2 * inv_var, axis=1)
     s2 = (s0 + ss_within + ssr) / (noise_dof + wsum)
     lam = np.full(J, 1e-3)
-    active = np.arange(J)
+    # The loop works on the rows still iterating (suffix a), compacted; a row that
+    # stops is written back to u, s2 and jac.
+    rows = np.arange(J)
+    ua, fa, ja, ssra, pria, s2a, lama = u, f, jac, ssr, pri, s2, lam
+    wa, ya, mua, iva, ssw_a, wsum_a, ga = w, y, mu, inv_var, ss_within, wsum, geo
     for _ in range(iterations):
-        if active.size == 0:
+        if rows.size == 0:
             break
-        a = active
-        ua, ka, na, ma, wa, ya = u[a], k[a], n[a], m[a], w[a], y[a]
-        fa, jac = log_iteration_time(ua, ka, na, ma, jacobian=True)
-        wj = jac * (wa / s2[a, None])[..., None]                         # (A,C,7)
-        grad = np.einsum("jci,jc->ji", wj, fa - ya) + (ua - mu[a]) * inv_var[a]
-        hess = np.matmul(wj.transpose(0, 2, 1), jac) + inv_var[a][:, :, None] * eye
+        wj = ja * (wa / s2a[:, None])[..., None]                         # (A,C,7)
+        grad = np.einsum("jci,jc->ji", wj, fa - ya) + (ua - mua) * iva
+        hess = np.matmul(wj.transpose(0, 2, 1), ja) + iva[:, :, None] * eye
         diag = np.diagonal(hess, axis1=1, axis2=2)
-        damp = hess + lam[a, None, None] * (diag[:, :, None] * eye)
-        bad = ~np.all(np.isfinite(damp), axis=(1, 2)) | ~np.all(np.isfinite(grad), axis=1)
-        damp[bad] = eye
-        grad[bad] = 0.0
+        damp = hess + lama[:, None, None] * (diag[:, :, None] * eye)
+        bad = ~np.isfinite(damp).all(axis=(1, 2)) | ~np.isfinite(grad).all(axis=1)
+        if bad.any():
+            damp[bad] = eye
+            grad[bad] = 0.0
         step = np.linalg.solve(damp, -grad[..., None])[..., 0]
         u_new = _clip_u(ua + step)
-        f_new = log_iteration_time(u_new, ka, na, ma)
+        # The Jacobian at u_new too: the next iteration starts there if it is better.
+        f_new, j_new = _log_time(u_new, ga, True)
         ssr_new = np.sum(wa * (f_new - ya) ** 2, axis=1)
-        pri_new = np.sum((u_new - mu[a]) ** 2 * inv_var[a], axis=1)
-        obj = ssr[a] / s2[a] + pri[a]
-        obj_new = ssr_new / s2[a] + pri_new
+        pri_new = np.sum((u_new - mua) ** 2 * iva, axis=1)
+        obj = ssra / s2a + pria
+        obj_new = ssr_new / s2a + pri_new
         better = np.isfinite(obj_new) & (obj_new <= obj)
-        u[a] = np.where(better[:, None], u_new, ua)
-        ssr[a] = np.where(better, ssr_new, ssr[a])
-        pri[a] = np.where(better, pri_new, pri[a])
-        lam[a] = np.clip(np.where(better, lam[a] * 0.3, lam[a] * 10.0), 1e-9, 1e9)
+        ua = np.where(better[:, None], u_new, ua)
+        fa = np.where(better[:, None], f_new, fa)
+        ja = np.where(better[:, None, None], j_new, ja)
+        ssra = np.where(better, ssr_new, ssra)
+        pria = np.where(better, pri_new, pria)
+        lama = np.clip(np.where(better, lama * 0.3, lama * 10.0), 1e-9, 1e9)
         # Noise from the residuals too (within + between configurations).
-        s2_new = (s0 + ss_within[a] + ssr[a]) / (noise_dof + wsum[a])
-        s2[a] = np.where(np.isfinite(s2_new) & (s2_new > 0), s2_new, s2[a])
-        done = (better & np.all(np.abs(step) < tol, axis=1)) | bad | (lam[a] >= 1e9)
-        active = a[~done]
-    f, jac = log_iteration_time(u, k, n, m, jacobian=True)
+        s2_new = (s0 + ssw_a + ssra) / (noise_dof + wsum_a)
+        s2a = np.where(np.isfinite(s2_new) & (s2_new > 0), s2_new, s2a)
+        done = (better & (np.abs(step) < tol).all(axis=1)) | bad | (lama >= 1e9)
+        if done.any():
+            stop = rows[done]
+            u[stop], s2[stop], jac[stop] = ua[done], s2a[done], ja[done]
+            keep = ~done
+            rows = rows[keep]
+            ua, fa, ja, ssra, pria, s2a, lama = (x[keep] for x in (ua, fa, ja, ssra, pria,
+                                                                   s2a, lama))
+            wa, ya, mua, iva, ssw_a, wsum_a = (x[keep] for x in (wa, ya, mua, iva, ssw_a,
+                                                                 wsum_a))
+            ga = ga.take(keep)
+    u[rows], s2[rows], jac[rows] = ua, s2a, ja
     wj = jac * (w / s2[:, None])[..., None]
     hess = np.matmul(wj.transpose(0, 2, 1), jac) + inv_var[:, :, None] * eye
-    ok = np.all(np.isfinite(u), axis=1) & np.all(np.isfinite(hess), axis=(1, 2))
+    ok = np.isfinite(u).all(axis=1) & np.isfinite(hess).all(axis=(1, 2))
     hess[~ok] = inv_var[~ok, :, None] * eye
     u[~ok] = mu[~ok]
     cov = np.linalg.inv(hess)
@@ -297,7 +337,8 @@ def fit_power_law(k: np.ndarray, m: np.ndarray, w: np.ndarray, y: np.ndarray,
     X = np.stack([np.ones_like(k), np.log(k), np.log(m / k)], axis=-1)  # (J,C,3)
     wsum = w.sum(axis=1)
     s0 = noise_dof * noise_log_sd ** 2
-    s2 = (s0 + np.maximum(np.nan_to_num(within_ss), 0.0)) / (noise_dof + wsum)
+    ssw = np.maximum(np.nan_to_num(within_ss), 0.0)
+    s2 = (s0 + ssw) / (noise_dof + wsum)
     prec = np.zeros((k.shape[0], 3, 3))
     prec[:, 0, 0] = 1e-8
     prec[:, 1, 1] = 1.0 / p_prior[1] ** 2
@@ -309,7 +350,7 @@ def fit_power_law(k: np.ndarray, m: np.ndarray, w: np.ndarray, y: np.ndarray,
     coef = np.linalg.solve(A, b[..., None])[..., 0]
     # Second pass: noise from the residuals too.
     resid = np.where(w > 0, logx - np.einsum("jci,ji->jc", X, coef), 0.0)
-    s2 = (s0 + np.maximum(np.nan_to_num(within_ss), 0.0) + np.sum(w * resid ** 2, axis=1)) / (
+    s2 = (s0 + ssw + np.sum(w * resid ** 2, axis=1)) / (
         noise_dof + wsum)
     xtw = X * (w / s2[:, None])[..., None]
     A = np.matmul(xtw.transpose(0, 2, 1), X) + prec
