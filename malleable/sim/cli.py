@@ -171,15 +171,16 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     if not no_progress:
         from tqdm import tqdm
 
+        # disable=None: no bar when stderr is not a terminal (a log file, a batch job).
         bar = tqdm(total=sum(sizes), unit="job", desc=f"{len(specs)} run(s)", file=sys.stderr,
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, disable=None)
 
     def progress(i: int, done: int, total: int, now: float) -> None:
         if bar is not None:
             ended[i] = done
             bar.n = sum(ended)
             bar.set_postfix_str(f"run {i + 1}: {now / 3600:.1f} h simulated", refresh=False)
-            bar.refresh()
+            bar.update(0)  # redraws at most every mininterval (refresh() drew every cycle)
 
     try:
         results = sweep.run_sweep(specs, jobs=n_jobs, progress=progress)
