@@ -180,7 +180,7 @@ class Daemon:
         self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
-        self._policies: dict[tuple, tuple[str, object]] = {}
+        self._policy_cache: tuple[tuple, str, object] | None = None  # (key, name, policy)
         self.nodes: list[SlurmNode] = []
         self.nodes_at: datetime | None = None
         self.number = 0
@@ -213,8 +213,7 @@ class Daemon:
                 log.warning("the poll skipped %d job record(s) it could not parse; no job is "
                             "taken as finished for missing from it", len(skipped))
             else:
-                self._mark_vanished(s, list(upserted.unlisted.values()),
-                                    {j.job_id for j in jobs}, now)
+                self._mark_vanished(s, list(upserted.unlisted.values()), now)
             store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
@@ -223,16 +222,15 @@ class Daemon:
         return True
 
     @staticmethod
-    def _mark_vanished(s, gone: list[int], seen: set[str], now: datetime) -> None:
+    def _mark_vanished(s, gone: list[int], now: datetime) -> None:
         """Jobs the store has as active that Slurm no longer reports (``gone``: their
-        ``jobs.id``, `UpsertResult.unlisted`): finished (purged after MinJobAge before
-        a poll saw their end)."""
+        ``jobs.id``, `UpsertResult.unlisted`, which leaves out every job of the poll):
+        finished (purged after MinJobAge before a poll saw their end)."""
         for job in (s.scalars(select(Job).where(Job.id.in_(gone))) if gone else ()):
-            if job.slurm_job_id not in seen:
-                store.add_job_event(s, job.id, now, "state",
-                                    f"{job.state} -> COMPLETED (no longer reported by Slurm)")
-                job.state = JobState.COMPLETED.value
-                job.end_time = job.end_time or now
+            store.add_job_event(s, job.id, now, "state",
+                                f"{job.state} -> COMPLETED (no longer reported by Slurm)")
+            job.state = JobState.COMPLETED.value
+            job.end_time = job.end_time or now
 
     def refresh_nodes(self, now: datetime, force: bool = False) -> bool:
         """Re-read the node list when it is older than ``nodes_refresh_s`` (one RPC)."""
@@ -332,14 +330,14 @@ class Daemon:
                                            self.config.policy.params)
         key = (name, json.dumps(params, sort_keys=True, default=repr),
                self.config.policy.min_gain, self.config.policy.cooldown_s)
-        if key in self._policies:
-            decides, policy = self._policies[key]
+        if self._policy_cache is not None and self._policy_cache[0] == key:
+            _, decides, policy = self._policy_cache
             return decides, params, policy
         try:
             policy = get_policy(name, **params)
             # Record the policy that decides ("pollux"), not its alias ("default").
             wrapped = with_hysteresis(policy, self.config.policy)
-            self._policies = {key: (policy.name, wrapped)}
+            self._policy_cache = (key, policy.name, wrapped)
             return policy.name, params, wrapped
         except ValueError as exc:
             log.error("policy %s %s unusable (%s); using `static` (no reallocation)",

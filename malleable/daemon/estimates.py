@@ -38,6 +38,7 @@ from malleable.estimators import (
     cycle,
     group_prior,
 )
+from malleable.estimators.params import MIN_PRIOR_LOG_SD
 from malleable.estimators.pipeline import Estimates
 from malleable.estimators.table import SpeedupTable
 
@@ -66,9 +67,6 @@ _LAST_ESTIMATES = (select(Job.id, Job.spec, Job.user, Job.name, Estimate.params)
                    .join(_LAST_ESTIMATE_ID, _LAST_ESTIMATE_ID.c.job_id == Job.id)
                    .join(Estimate, Estimate.id == _LAST_ESTIMATE_ID.c.id).order_by(Job.id))
 
-
-#: Floor of a finished-jobs prior's log sd (`group_prior`'s default).
-_MIN_PRIOR_LOG_SD = 0.2
 
 
 def _sample_order(r) -> tuple:
@@ -270,14 +268,14 @@ class EstimatorBook:
                 if self._group_priors.get(g, (0,))[0] != len(idx):
                     one = group_prior(ThroughputParams.from_u(np.array([fk.u[i] for i in idx])),
                                       np.zeros(len(idx), np.int64),
-                                      min_log_sd=_MIN_PRIOR_LOG_SD,
+                                      min_log_sd=MIN_PRIOR_LOG_SD,
                                       log_sd=np.array([fk.log_sd[i] for i in idx]))
                     self._group_priors[g] = (len(idx), one.mean_u[0], one.log_sd[0])
             names = sorted(members, key=groups.__getitem__)
             gp = GroupPrior(np.array([groups[g] for g in names], np.int64),
                             np.array([self._group_priors[g][1] for g in names]),
                             np.array([self._group_priors[g][2] for g in names]),
-                            _MIN_PRIOR_LOG_SD)
+                            MIN_PRIOR_LOG_SD)
             hg = np.array([groups[g] for g in fk.group], np.int64)
             self._priors = gp, WorkHistory(np.array(fk.total_work), hg)
             self._priors_key = key

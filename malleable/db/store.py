@@ -162,6 +162,13 @@ def _update_by_id(table, keys: tuple[str, ...]):
     return stmt
 
 
+def _expire_loaded(session: Session, model: type) -> None:
+    """Expire the ``model`` entities the session has loaded (after a Core write to
+    their table: they reload on their next access), and no others."""
+    for obj in [o for o in session.identity_map.values() if isinstance(o, model)]:
+        session.expire(obj)
+
+
 def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
                 parse_spec: SpecParser | None = None,
                 unlisted_in: Collection[str] = ()) -> UpsertResult:
@@ -268,8 +275,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     if events:
         run_core(session, _INSERT_EVENTS, events)
     # `Job` entities this session had loaded would show the old values: reload on access.
-    for obj in [o for o in session.identity_map.values() if isinstance(o, Job)]:
-        session.expire(obj)
+    _expire_loaded(session, Job)
     return UpsertResult(new, changed, len(events), ids, unlisted)
 
 
@@ -787,8 +793,7 @@ def set_setting(session: Session, key: str, value: Any, now: datetime | None = N
     if dialect in ("sqlite", "postgresql"):
         run_core(session, _upsert_setting(dialect),
                  {"key": key, "value": value, "updated_at": now})
-        for obj in [o for o in session.identity_map.values() if isinstance(o, Setting)]:
-            session.expire(obj)
+        _expire_loaded(session, Setting)
         return
     row = session.get(Setting, key)
     if row is None:

@@ -113,8 +113,12 @@ class ThroughputPrior(NamedTuple):
     given: np.ndarray
 
 
+MIN_PRIOR_LOG_SD = 0.2
+"""Default floor of a finished-jobs prior's log sd (`prior_from_finished`, `group_prior`)."""
+
+
 def prior_from_finished(params: ThroughputParams, group: np.ndarray, job_group: np.ndarray,
-                        min_log_sd: float = 0.2,
+                        min_log_sd: float = MIN_PRIOR_LOG_SD,
                         log_sd: np.ndarray | None = None) -> ThroughputPrior:
     """A prior per job from the fitted parameters of finished jobs of its group.
 
@@ -190,7 +194,8 @@ class GroupPrior(NamedTuple):
         return ThroughputPrior(ThroughputParams.from_u(mean_u), sd, given)
 
 
-def group_prior(params: ThroughputParams, group: np.ndarray, min_log_sd: float = 0.2,
+def group_prior(params: ThroughputParams, group: np.ndarray,
+                min_log_sd: float = MIN_PRIOR_LOG_SD,
                 log_sd: np.ndarray | None = None) -> GroupPrior:
     """The per-group part of `prior_from_finished` (same arguments but ``job_group``).
 
