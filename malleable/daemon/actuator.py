@@ -113,7 +113,6 @@ def _expected_after(job: SlurmJob, call: Call) -> SlurmJob:
 # Built once (building a statement costs more than running it); IN lists expand at run time.
 _CHECKPOINTED_ONE = select(func.max(JobEvent.time)).where(
     JobEvent.job_id == bindparam("job"), JobEvent.kind == "checkpointed")
-_UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
 _ACTION_JOBS = select(Job.id, Job.slurm_job_id, Job.spec).where(
     Job.id.in_(bindparam("ids", expanding=True)))
 _ACTION_JOB = select(Job.id, Job.slurm_job_id, Job.spec).where(Job.id == bindparam("id"))
@@ -211,7 +210,7 @@ class Actuator:
     def _unfinished(s: Session) -> tuple[list, dict[int, object], dict[int, datetime]]:
         """Unfinished actions (oldest first), their jobs (``jobs.id`` -> row) and each
         job's latest ``checkpointed`` event time, as read-only table rows (three queries)."""
-        actions = store.run_core(s, _UNFINISHED).all()
+        actions = store.unfinished_action_rows(s)
         ids = sorted({a.job_id for a in actions})
         jobs: dict[int, object] = {}
         checkpointed: dict[int, datetime] = {}

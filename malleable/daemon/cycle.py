@@ -59,7 +59,7 @@ from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
 from malleable.daemon.shapes import Shape
 from malleable.db import store
-from malleable.db.models import Action, Job
+from malleable.db.models import Job
 from malleable.policies.base import Allocation
 from malleable.policies.hysteresis import with_hysteresis
 from malleable.policies.registry import get_policy
@@ -76,7 +76,6 @@ log = logging.getLogger(__name__)
 # Built once (building a statement costs more than running it).
 # Stored states of a job Slurm should still report (else it finished unseen).
 _ACTIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
-_UNFINISHED = select(Action.__table__).where(Action.finished_at.is_(None)).order_by(Action.id)
 # Malleable jobs whose progress is read: active ones, and those seen since ``recent``;
 # with their progress_files rows (one statement).
 _TO_INGEST = store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
@@ -391,7 +390,7 @@ class Daemon:
         g = inputs.capacity.gpus_per_node
         # One transaction: the superseded OBSERVE steps end first, then the reads see them.
         with self.sessions() as s, s.begin():
-            unfinished = store.run_core(s, _UNFINISHED).all()
+            unfinished = store.unfinished_action_rows(s)
             if not (self.dry_run or paused):
                 done = self._supersede_observing(s, now, jobs, alloc, report.decision_id,
                                                  unfinished)
@@ -575,7 +574,7 @@ class Daemon:
                 pend += s.scalars(select(Job).where(Job.malleable.is_(True),
                                                     Job.slurm_job_id.in_(pending[i:i + 500])))
             held = daemon_holds(s, [j.id for j in pend])
-            unfinished = store.unfinished_actions(s)
+            unfinished = store.unfinished_action_rows(s)
             busy = {a.job_id for a in unfinished}
             requeued = {a.job_id: a.id for a in unfinished if a.kind == ActionKind.REQUEUE.value
                         and a.state in (Step.RESIZE.value, Step.START_NOW.value,

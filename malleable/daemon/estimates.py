@@ -58,6 +58,10 @@ _SAMPLES_ALL = select(*_SAMPLE_COLS).where(
     ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
     ProgressSample.id <= bindparam("top"))
 _COMPLETED = select(Job.id).where(Job.malleable.is_(True), Job.state == "COMPLETED")
+# How many finished malleable jobs there are and the sum of their ids: one row, so that
+# the ids are read only when the set changed (`EstimatorBook._learn_finished`).
+_COMPLETED_KEY = select(func.count(), func.coalesce(func.sum(Job.id), 0)).where(
+    Job.malleable.is_(True), Job.state == "COMPLETED")
 # The last estimate of each of some jobs, with what `group_key` reads of the job.
 _LAST_ESTIMATE_ID = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
                      .where(Estimate.job_id.in_(bindparam("ids", expanding=True)),
@@ -164,6 +168,7 @@ class EstimatorBook:
         self.watermark = 0                       # largest progress_samples.id folded in
         self.first_batch: dict[int, float] = {}
         self.finished = FinishedKnowledge()
+        self._completed_key: tuple | None = None   # (count, sum of ids) last read
         # What the finished jobs give (`_finished_priors`), and what it was built from;
         # per group key: (its finished jobs, its row of `GroupPrior` mean_u and log_sd).
         self._priors_key: tuple | None = None
@@ -239,8 +244,15 @@ class EstimatorBook:
         """Fold in the last estimate of every finished malleable job not yet seen.
 
         Only the estimates of jobs not seen yet are read (by job id, in chunks), so
-        the cost does not grow with the estimates of jobs learned long ago.
+        the cost does not grow with the estimates of jobs learned long ago. While the
+        set of finished jobs stays the same (the same count and sum of ids), there is
+        nothing new: a finished job gets no new estimate (the decide cycle estimates
+        active jobs only), so one whose estimate was missing or unusable stays so.
         """
+        key = tuple(run_core(s, _COMPLETED_KEY).one())
+        if key == self._completed_key:
+            return
+        self._completed_key = key
         done = run_core(s, _COMPLETED).scalars()
         todo = sorted(set(done) - self.finished.seen)
         for chunk in _chunks(todo, 500):

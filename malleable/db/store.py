@@ -745,12 +745,28 @@ def update_action(session: Session, action_id: int, *, now: datetime, state: str
     return a
 
 
+# No ORDER BY in SQL: with one, SQLite walks the whole table in id order instead of the
+# partial index ix_actions_unfinished (which holds only the unfinished few).
+_UNFINISHED_ACTIONS = select(Action.__table__).where(Action.finished_at.is_(None))
+
+
+def _action_id(row: Row) -> int:
+    return row.id
+
+
+def unfinished_action_rows(session: Session) -> list[Row]:
+    """The actions not finished yet, oldest (lowest id) first, as read-only table rows
+    (every `Action` column). One indexed read: its cost follows the unfinished actions,
+    not all the actions ever recorded."""
+    return sorted(run_core(session, _UNFINISHED_ACTIONS).all(), key=_action_id)
+
+
 def unfinished_actions(session: Session, *, job_id: int | None = None) -> list[Action]:
     """Actions whose state machine has not finished (``finished_at`` is NULL), oldest first."""
     q = select(Action).where(Action.finished_at.is_(None))
     if job_id is not None:
         q = q.where(Action.job_id == job_id)
-    return list(session.scalars(q.order_by(Action.id)))
+    return sorted(session.scalars(q), key=_action_id)  # (see _UNFINISHED_ACTIONS)
 
 
 # ---------------------------------------------------------------- settings
