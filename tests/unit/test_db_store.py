@@ -198,6 +198,25 @@ def test_action_lifecycle(Session):
             store.create_action(s, job_id=jid, kind="shrink", state="shrink", to_gpus=-2, now=t1)
 
 
+def test_unfinished_action_rows_oldest_first_through_the_partial_index(Session, engine):
+    with Session() as s, s.begin():
+        jid = store.upsert_jobs(s, [sj("1", JobState.RUNNING)], T0).ids["1"]
+        made = [store.create_action(s, job_id=jid, kind="hold", state="hold", to_gpus=0,
+                                    now=T0).id for _ in range(6)]
+        for a in made[::2]:
+            store.update_action(s, a, now=T0, state="done", finished=True)
+    with Session() as s:
+        rows = store.unfinished_action_rows(s)
+        assert [r.id for r in rows] == made[1::2]
+        assert [a.id for a in store.unfinished_actions(s)] == made[1::2]
+        assert rows[0].kind == "hold" and rows[0].finished_at is None
+    # The read must not walk the whole table (it did with ORDER BY id in SQL).
+    with engine.connect() as c:
+        sql = str(store._UNFINISHED_ACTIONS.compile(dialect=engine.dialect))
+        plan = " ".join(str(r[-1]) for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+    assert "ix_actions_unfinished" in plan, plan
+
+
 def test_settings_pause_and_policy(Session):
     with Session() as s:
         assert store.get_setting(s, "missing", 5) == 5
