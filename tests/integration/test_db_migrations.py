@@ -189,3 +189,53 @@ def test_session_database_is_usable(postgres_session_url):
         assert conn.execute(text("SELECT current_database()")).scalar() == "malleable"
         conn.rollback()
     eng.dispose()
+
+
+def test_daemon_reads_on_both_databases(engine):
+    """The decide cycle's indexed reads (latest run per job, unfinished actions, the
+    finished jobs' key) give the same answers on SQLite and PostgreSQL."""
+    from malleable.daemon.cycle import spec_as_dict
+    from malleable.daemon.estimates import ESTIMATOR_MODEL, EstimatorBook
+    from malleable.daemon.history import reporting_runs
+
+    schema.upgrade(engine)
+    Session = session_factory(engine)
+    spec = "malleable:gpus=1-4,batch=128,model=resnet"
+
+    def job(i: str, state: JobState) -> SlurmJob:
+        return SlurmJob(job_id=i, job_id_num=int(i), state=state, gpus=2, node_count=1,
+                        comment=spec, user="alice", uid=1000, partition="gpu")
+
+    u = [0.1, -5.0, 0.2, -1.0, 0.5, -2.0, 0.0]
+    with Session() as s, s.begin():
+        ids = store.upsert_jobs(s, [job(i, JobState.RUNNING) for i in "123"], T0,
+                                parse_spec=spec_as_dict).ids
+        store.add_progress_samples(s, [
+            store.SampleIn(ids["1"], T0, 1, 10, 2, 10, restart=0),
+            store.SampleIn(ids["1"], T0, 2, 20, 2, 10, restart=2),
+            store.SampleIn(ids["2"], T0, 1, 10, 2, 10, restart=None)])
+        made = [store.create_action(s, job_id=ids["1"], kind="hold", state="hold", to_gpus=0,
+                                    now=T0).id for _ in range(3)]
+        store.update_action(s, made[1], now=T0, state="done", finished=True)
+        for i in "12":
+            store.record_estimate(s, job_id=ids[i], time=T0, model=ESTIMATOR_MODEL,
+                                  params={"u": u, "log_sd": [0.5] * 7, "progress": 100.0},
+                                  remaining_work=1.0, remaining_work_sd=0.1, flags={})
+    book = EstimatorBook()
+    with Session() as s:
+        assert reporting_runs(s, ids.values()) == {ids["1"]: 2, ids["2"]: 0}
+        assert [a.id for a in store.unfinished_action_rows(s)] == [made[0], made[2]]
+        book._learn_finished(s)
+        assert book.finished.seen == set()
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [job("1", JobState.COMPLETED)], T0, parse_spec=spec_as_dict)
+    with Session() as s:
+        book._learn_finished(s)
+        assert book.finished.seen == {ids["1"]}
+        book._learn_finished(s)                      # nothing new: the same knowledge
+        assert book.finished.seen == {ids["1"]} and len(book.finished.group) == 1
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [job("2", JobState.COMPLETED)], T0, parse_spec=spec_as_dict)
+    with Session() as s:
+        book._learn_finished(s)
+        assert book.finished.seen == {ids["1"], ids["2"]}
