@@ -57,11 +57,11 @@ _SAMPLES_AFTER = select(*_SAMPLE_COLS).where(ProgressSample.id > bindparam("lo")
 _SAMPLES_ALL = select(*_SAMPLE_COLS).where(
     ProgressSample.job_id.in_(bindparam("ids", expanding=True)),
     ProgressSample.id <= bindparam("top"))
-_COMPLETED = select(Job.id).where(Job.malleable.is_(True), Job.state == "COMPLETED")
+_IS_COMPLETED = (Job.malleable.is_(True), Job.state == "COMPLETED")
+_COMPLETED = select(Job.id).where(*_IS_COMPLETED)
 # How many finished malleable jobs there are and the sum of their ids: one row, so that
 # the ids are read only when the set changed (`EstimatorBook._learn_finished`).
-_COMPLETED_KEY = select(func.count(), func.coalesce(func.sum(Job.id), 0)).where(
-    Job.malleable.is_(True), Job.state == "COMPLETED")
+_COMPLETED_KEY = select(func.count(), func.coalesce(func.sum(Job.id), 0)).where(*_IS_COMPLETED)
 # The last estimate of each of some jobs, with what `group_key` reads of the job.
 _LAST_ESTIMATE_ID = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
                      .where(Estimate.job_id.in_(bindparam("ids", expanding=True)),
@@ -70,7 +70,6 @@ _LAST_ESTIMATE_ID = (select(Estimate.job_id, func.max(Estimate.id).label("id"))
 _LAST_ESTIMATES = (select(Job.id, Job.spec, Job.user, Job.name, Estimate.params)
                    .join(_LAST_ESTIMATE_ID, _LAST_ESTIMATE_ID.c.job_id == Job.id)
                    .join(Estimate, Estimate.id == _LAST_ESTIMATE_ID.c.id).order_by(Job.id))
-
 
 
 def _sample_order(r) -> tuple:

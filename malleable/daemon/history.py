@@ -41,8 +41,9 @@ _NO_CHECKPOINT = (select(JobEvent.job_id, func.count(), func.max(JobEvent.time))
 # samples all lack one has samples but a NULL max: hence the separate EXISTS.
 _RUN_MAX = (select(func.max(ProgressSample.restart)).where(ProgressSample.job_id == Job.id)
             .correlate(Job).scalar_subquery())
-_HAS_SAMPLE = select(ProgressSample.id).where(ProgressSample.job_id == Job.id).exists()
-_RUNS = (select(Job.id, _RUN_MAX, _HAS_SAMPLE.correlate(Job))
+_HAS_SAMPLE = (select(ProgressSample.id).where(ProgressSample.job_id == Job.id)
+               .correlate(Job).exists())
+_RUNS = (select(Job.id, _RUN_MAX, _HAS_SAMPLE)
          .where(Job.id.in_(_IDS)).order_by(Job.id))
 
 

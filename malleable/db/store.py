@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -748,17 +749,14 @@ def update_action(session: Session, action_id: int, *, now: datetime, state: str
 # No ORDER BY in SQL: with one, SQLite walks the whole table in id order instead of the
 # partial index ix_actions_unfinished (which holds only the unfinished few).
 _UNFINISHED_ACTIONS = select(Action.__table__).where(Action.finished_at.is_(None))
-
-
-def _action_id(row: Row) -> int:
-    return row.id
+_BY_ID = attrgetter("id")
 
 
 def unfinished_action_rows(session: Session) -> list[Row]:
     """The actions not finished yet, oldest (lowest id) first, as read-only table rows
     (every `Action` column). One indexed read: its cost follows the unfinished actions,
     not all the actions ever recorded."""
-    return sorted(run_core(session, _UNFINISHED_ACTIONS).all(), key=_action_id)
+    return sorted(run_core(session, _UNFINISHED_ACTIONS).all(), key=_BY_ID)
 
 
 def unfinished_actions(session: Session, *, job_id: int | None = None) -> list[Action]:
@@ -766,7 +764,7 @@ def unfinished_actions(session: Session, *, job_id: int | None = None) -> list[A
     q = select(Action).where(Action.finished_at.is_(None))
     if job_id is not None:
         q = q.where(Action.job_id == job_id)
-    return sorted(session.scalars(q), key=_action_id)  # (see _UNFINISHED_ACTIONS)
+    return sorted(session.scalars(q), key=_BY_ID)  # (see _UNFINISHED_ACTIONS)
 
 
 # ---------------------------------------------------------------- settings
