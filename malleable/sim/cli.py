@@ -92,8 +92,9 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--max-time", "max_time_h", type=click.FloatRange(min=0, min_open=True),
               default=2880.0, show_default=True, metavar="HOURS",
               help="Stop a run at this simulated time.")
-@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Runs in parallel (worker processes).")
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None,
+              help="Runs in parallel (worker processes). Default: one per CPU core this "
+                   "process may use, at most one per run.")
 @click.option("--slurm-array", is_flag=True,
               help="Write an sbatch job-array script for the sweep instead of running it.")
 @click.option("--compare-only", is_flag=True,
@@ -183,7 +184,8 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
             bar.update(0)  # redraws at most every mininterval (refresh() drew every cycle)
 
     try:
-        results = sweep.run_sweep(specs, jobs=n_jobs, progress=progress)
+        results = sweep.run_sweep(specs, jobs=n_jobs or sweep.default_workers(len(specs)),
+                                  progress=progress)
     except (ValueError, OSError) as exc:
         if bar is not None:
             bar.close()

@@ -216,6 +216,17 @@ def _worker(index: int, spec: RunSpec) -> dict:
     return run_one(spec, report)
 
 
+def default_workers(runs: int) -> int:
+    """Worker processes for a sweep of ``runs`` runs when none is asked for: one per CPU
+    core this process may use (its affinity mask, as a Slurm allocation sets it), at
+    most one per run, at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, runs))
+
+
 def run_sweep(specs: Sequence[RunSpec], *, jobs: int = 1,
               progress: Callable[[int, int, int, float], None] | None = None) -> list[dict]:
     """Run every spec, ``jobs`` at a time in worker processes (1: in this process).

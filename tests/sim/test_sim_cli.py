@@ -66,6 +66,15 @@ def test_parallel_runs_give_the_same_summaries_as_serial(tmp_path, workload):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
 
 
+def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
+    from malleable.sim import sweep
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert [sweep.default_workers(n) for n in (1, 2, 3, 8)] == [1, 2, 3, 3]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})  # e.g. a 1-CPU Slurm step
+    assert sweep.default_workers(8) == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--workload", "/nonexistent/w.csv", "--policy", "pollux"],
      "--workload /nonexistent/w.csv: no such file"),
