@@ -88,7 +88,7 @@ from malleable.sim.jobsetup import DEFAULT_SETUP, JobSetup, PreparedJob, prepare
 from malleable.sim.metrics import JobOutcome, summarize
 from malleable.sim.slurm import SimSlurm
 from malleable.sim.traces import TraceJob
-from malleable.sim.workload import Replay
+from malleable.sim.workload import Replay, rigid_program
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
     def build(t: TraceJob):
         p = by_name[t.name]
         if p.profile is None:
-            return replay._default_program(t)
+            return rigid_program(t)
         return program_for(p, spool_dir=spool, report_interval_s=options.report_interval_s,
                            sink=sink, follow_plan=follow_plan)
 

@@ -48,6 +48,19 @@ def shape_for(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return lo, gpus_per_node
 
 
+def rigid_program(t: TraceJob) -> RigidJob:
+    """The program of a trace job that is not a training job of a profiled model: a
+    rigid job that holds its allocation for its recorded run time (``duration_s``, s).
+
+    Raises:
+        ValueError: the job has no recorded run time (naming the job and its model).
+    """
+    if t.duration_s is None:
+        raise ValueError(f"job {t.name!r}: model {t.model!r} has no profile and the job has "
+                         "no duration")
+    return RigidJob(t.duration_s)
+
+
 @dataclass
 class ReplayedJob:
     """A trace job and what the replay made of it.
@@ -133,10 +146,7 @@ class Replay:
             return ProfileJob(prof, spool_dir=self.spool_dir, batch=t.batch_size,
                               adaptive_batch=self.adaptive_batch,
                               report_interval_s=self.report_interval_s, sink=self.sink)
-        if t.duration_s is not None:
-            return RigidJob(t.duration_s)
-        raise ValueError(f"job {t.name!r}: model {t.model!r} has no profile and the job has "
-                         "no duration")
+        return rigid_program(t)
 
     def start(self) -> None:
         """Schedule every submission at its arrival (call once, before running the engine)."""

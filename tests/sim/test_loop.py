@@ -62,6 +62,24 @@ def test_small_workload_finishes_through_the_daemon(pollux_run):
     assert 0 < s["gpu_utilization"] <= 1
 
 
+def test_rigid_jobs_run_for_their_recorded_time_beside_malleable_ones():
+    # Trace jobs of no profiled model (a CPU-only one, a GPU one) stay rigid: Slurm runs
+    # them for their recorded duration and the daemon leaves them alone.
+    jobs = [TraceJob("rigid-gpu", 0.0, 4, duration_s=600.0),
+            TraceJob("cpu-only", 10.0, 0, duration_s=300.0),
+            TraceJob("ncf-1", 20.0, 1, model="ncf", batch_size=32768)]
+    opts = SimOptions(nodes=2, gpus_per_node=4, restart_cost_s=30.0,
+                      setup=setup_for("pollux"), max_time_s=3 * 3600.0)
+    r = run_simulation(jobs, config("pollux"), opts)
+    assert r.finished and r.summary["jobs_finished"] == 3
+    by = {o.name: o for o in r.outcomes}
+    assert by["rigid-gpu"].end_s - by["rigid-gpu"].start_s == 600.0
+    assert by["cpu-only"].end_s - by["cpu-only"].start_s == 300.0
+    assert by["rigid-gpu"].restarts == by["cpu-only"].restarts == 0
+    assert by["rigid-gpu"].gpu_seconds == 4 * 600.0 and by["cpu-only"].gpu_seconds == 0.0
+    assert by["rigid-gpu"].model is None and by["ncf-1"].model == "ncf"
+
+
 def test_jobs_are_resized_by_checkpoint_requeue(pollux_run):
     s = pollux_run.summary
     # Pollux grows the jobs that start on one GPU: checkpoint, requeue, resize, release.

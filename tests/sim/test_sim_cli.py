@@ -66,6 +66,31 @@ def test_parallel_runs_give_the_same_summaries_as_serial(tmp_path, workload):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
 
 
+SACCT_HISTORY = """JobID|JobName|Partition|Submit|Start|End|Elapsed|NNodes|AllocTRES|State|
+100|train|gpu|2024-03-01T10:00:00|2024-03-01T10:00:05|2024-03-01T11:00:05|01:00:00|2|cpu=8,gres/gpu=8,node=2|COMPLETED|
+101_3|sweep|gpu|2024-03-01T10:30:00|2024-03-01T10:31:00|2024-03-01T11:01:00|00:30:00|1|cpu=2,gres/gpu:a100=2,node=1|COMPLETED|
+102|cpujob|cpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:10:30|10:30|1|cpu=1,node=1|FAILED|
+"""
+
+
+@pytest.mark.parametrize("map_models", [False, True])
+def test_site_history_with_rigid_and_cpu_only_jobs(tmp_path, map_models):
+    # The documented sacct replay: jobs left rigid (all of them, or the CPU-only one
+    # with --map-models) run for their recorded time.
+    hist = tmp_path / "history.txt"
+    hist.write_text(SACCT_HISTORY)
+    out = tmp_path / "site"
+    res = simulate("--workload", str(hist), "--format", "sacct",
+                   *(["--map-models"] if map_models else []), "--policy", "default",
+                   "--nodes", "2", "--no-plots", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "history" / "default" / "seed0" / "summary.json").read_text())
+    assert s["jobs"] == s["jobs_finished"] == 3
+    rows = (out / "history" / "default" / "seed0" / "jobs.csv").read_text().splitlines()
+    cpu = next(r.split(",") for r in rows if r.startswith("102,"))
+    assert float(cpu[7]) == 630.0 and cpu[3] == "0"   # jct_s, gpus_requested
+
+
 def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     from malleable.sim import sweep
 
