@@ -63,8 +63,10 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help='Parameters of one policy, e.g. las=\'{"starve_s": 1e12}\' (repeatable).')
 @click.option("--nodes", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Decide interval, simulated seconds.")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Decide interval, simulated seconds. Default: --config's "
+                   "daemon.decide_interval_s, else the daemon's 60 s; given, it overrides "
+                   "the config.")
 @click.option("--seed", "seeds", multiple=True, metavar="N[,N...]", default=("0",),
               show_default=True, help="Seed(s): request rounding, model choice, the policy's.")
 @click.option("--out", "out_dir", metavar="DIR", required=True,
@@ -270,9 +272,11 @@ def _validate(specs) -> list[int]:
 def _common_args(policy_params, nodes, gpn, interval, restart_cost, fmt, load_scale, window_days, map_models,
                  job_setup, oracle_work, config_path, max_time_h, no_plots) -> list[str]:
     args = [a for pp in policy_params for a in ("--policy-params", pp)]
-    args += ["--nodes", str(nodes), "--gpus-per-node", str(gpn), "--interval", repr(interval),
-            "--format", fmt, "--load-scale", repr(load_scale), "--job-setup", job_setup,
-            "--max-time", repr(max_time_h)]
+    args += ["--nodes", str(nodes), "--gpus-per-node", str(gpn), "--format", fmt,
+             "--load-scale", repr(load_scale), "--job-setup", job_setup,
+             "--max-time", repr(max_time_h)]
+    if interval is not None:
+        args += ["--interval", repr(interval)]
     if restart_cost is not None:
         args += ["--restart-cost", repr(restart_cost)]
     if window_days is not None:

@@ -50,14 +50,16 @@ class RunSpec:
         params: the policy's parameters (``policy.params``; None: the config's).
         out_dir: the sweep's output root.
         nodes, gpus_per_node: the cluster.
-        interval_s: the daemon's decide interval (``daemon.decide_interval_s``).
+        interval_s: the daemon's decide interval (``daemon.decide_interval_s``), s;
+            None: the one in ``config`` (the daemon's default, 60 s, if none).
         restart_cost_s: every job's restart cost (None: per model).
         load_scale: arrivals divided by this.
         job_setup: `malleable.sim.jobsetup.setup_for` name; oracle_work overrides it.
         window_days: keep the busiest fitting window of that many days (None: all).
         gpu_time_classes: map SWF/sacct GPU jobs to models.
         config: the daemon's settings as a TOML-like dict (sections and keys of
-            `malleable.config.Config`); policy name, decide interval set from above.
+            `malleable.config.Config`); policy name (and ``interval_s`` if given) set
+            from above.
         max_time_s: stop simulating at this virtual time.
         plots: write the per-run plots.
     """
@@ -71,7 +73,7 @@ class RunSpec:
     params: dict | None = None
     nodes: int = 16
     gpus_per_node: int = 4
-    interval_s: float = 60.0
+    interval_s: float | None = None
     restart_cost_s: float | None = None
     load_scale: float = 1.0
     job_setup: str = "auto"
@@ -97,7 +99,8 @@ class RunSpec:
         data.setdefault("policy", {})["name"] = self.policy
         if self.params is not None:
             data["policy"]["params"] = dict(self.params)
-        data.setdefault("daemon", {})["decide_interval_s"] = float(self.interval_s)
+        if self.interval_s is not None:
+            data.setdefault("daemon", {})["decide_interval_s"] = float(self.interval_s)
         return parse_config(data, source="simulate")
 
     def options(self) -> SimOptions:
@@ -125,10 +128,12 @@ class RunSpec:
 
     def metadata(self) -> dict:
         """What the run was (goes into summary.json; no paths, so it is portable)."""
+        config = self.daemon_config()
         return {"workload": self.name, "policy": self.policy, "seed": self.seed,
-                "policy_params": dict(self.daemon_config().policy.params),
+                "policy_params": dict(config.policy.params),
                 "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-                "interval_s": float(self.interval_s), "restart_cost_s": self.restart_cost_s,
+                "interval_s": float(config.daemon.decide_interval_s),
+                "restart_cost_s": self.restart_cost_s,
                 "load_scale": float(self.load_scale), "job_setup": self.job_setup,
                 "window_days": self.window_days}
 

@@ -91,6 +91,21 @@ def test_site_history_with_rigid_and_cpu_only_jobs(tmp_path, map_models):
     assert float(cpu[7]) == 630.0 and cpu[3] == "0"   # jct_s, gpus_requested
 
 
+@pytest.mark.parametrize("flag, expected", [([], 120.0), (["--interval", "30"], 30.0)])
+def test_interval_comes_from_the_config_unless_given(tmp_path, workload, flag, expected):
+    cfg = tmp_path / "d.toml"
+    cfg.write_text("[daemon]\ndecide_interval_s = 120\n")
+    out = tmp_path / "o"
+    res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",
+                   "--config", str(cfg), *flag, "--max-time", "0.5", "--no-plots",
+                   "--no-comparison", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "tiny" / "las" / "seed0" / "summary.json").read_text())
+    assert s["interval_s"] == expected
+    # Decide cycles at 0 s and every interval while jobs are left (at most 0.5 h).
+    assert s["decide_cycles"] <= 1 + 1800 // expected
+
+
 def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     from malleable.sim import sweep
 
