@@ -48,9 +48,15 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
     out = []
     for v in _split(values):
         try:
-            out.append(int(v))
+            seed = int(v)
         except ValueError:
             raise _fail(f"--seed {v!r}: not an integer") from None
+        if seed < 0:
+            raise _fail(f"--seed {v!r}: expected an integer >= 0")
+        if seed in out:
+            raise _fail(f"--seed {v!r}: given twice (each seed is one run per workload "
+                        "and policy)")
+        out.append(seed)
     return out or [0]
 
 
@@ -132,6 +138,9 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     pols = _split(policies)
     if not pols:
         raise _fail("--policy: give at least one policy")
+    twice = sorted({p for p in pols if pols.count(p) > 1})
+    if twice:
+        raise _fail(f"--policy {twice[0]!r}: given twice (its runs would share one folder)")
     from malleable.policies.registry import available
 
     known = available()
@@ -158,6 +167,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
                            max_time_s=max_time_h * 3600.0, plots=not no_plots)
              for w, n in zip(paths, names, strict=True) for p in pols for s in seed_list]
     sizes = _validate(specs)
+    _check_out(out_dir)
     if slurm_array:
         common = _common_args(policy_params, nodes, gpus_per_node, interval, restart_cost, fmt, load_scale,
                               window_days, map_models, job_setup, oracle_work, config_path,
@@ -267,6 +277,28 @@ def _validate(specs) -> list[int]:
             raise _fail(str(exc)) from None
         out.append(sizes[key])
     return out
+
+
+def _check_out(out_dir: str) -> None:
+    """Create ``--out`` (and its parents) and check that files can be written there,
+    before any run: a run's results are written when it ends.
+
+    Raises:
+        click.exceptions.Exit: (exit 2) with a message naming ``--out`` and why.
+    """
+    import tempfile
+
+    if not out_dir.strip():
+        raise _fail("--out '': give a directory")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except FileExistsError:
+        raise _fail(f"--out {out_dir}: exists and is not a directory") from None
+    except OSError as exc:
+        raise _fail(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _common_args(policy_params, nodes, gpn, interval, restart_cost, fmt, load_scale, window_days, map_models,

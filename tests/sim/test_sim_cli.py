@@ -120,6 +120,9 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
      "--workload /nonexistent/w.csv: no such file"),
     (["--policy", "nosuch"], "--policy 'nosuch': unknown policy"),
     (["--policy", "pollux", "--seed", "x"], "--seed 'x': not an integer"),
+    (["--policy", "pollux", "--seed", "-1"], "--seed '-1': expected an integer >= 0"),
+    (["--policy", "pollux", "--seed", "1,2,1"], "--seed '1': given twice"),
+    (["--policy", "las,static,las"], "--policy 'las': given twice"),
     (["--policy", "pollux", "--format", "philly"], "missing column(s)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, workload, args, message):
@@ -139,6 +142,21 @@ def test_malformed_trace_row_is_named_with_its_line(tmp_path):
     assert res.exit_code == 2
     assert f"{bad}:5: field num_replicas='two': not an integer" in res.stderr
     assert res.stderr.count("\n") == 1
+
+
+def test_unusable_out_is_refused_before_any_run(tmp_path, workload):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out, message in [(str(afile), "exists and is not a directory"),
+                         (str(afile / "sub"), "cannot write there"), ("", "give a directory")]:
+        res = simulate("--workload", str(workload), "--policy", "las", "--out", out)
+        assert res.exit_code == 2, (out, res.output)
+        assert f"--out {out or repr(out)}: {message}" in res.stderr
+        assert "Traceback" not in res.output
+    # A new directory (and its parents) is created.
+    res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",
+                   "--no-plots", "--out", str(tmp_path / "new" / "deep"))
+    assert res.exit_code == 0 and (tmp_path / "new" / "deep" / "tiny" / "las").is_dir()
 
 
 def test_bad_config_file_is_refused(tmp_path, workload):
