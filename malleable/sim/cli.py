@@ -206,14 +206,28 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     if bar is not None:
         bar.close()
     for r in results:
-        s = r["summary"]
-        click.echo(f"{s['workload']:>20s} {s['policy']:>8s} seed {s['seed']}: "
-                   f"{s['jobs_finished']}/{s['jobs']} jobs, avg JCT {s['avg_jct_s']:.0f} s, "
-                   f"p99 {s['p99_jct_s']:.0f} s, makespan {s['makespan_s'] / 3600:.1f} h "
-                   f"({r['wall_s']:.1f} s wall)")
+        click.echo(_summary_line(r["summary"], r["wall_s"]))
     if not no_comparison:
-        path = sweep.write_comparison(sweep.collect(out), out)
-        click.echo(f"comparison: {path}")
+        runs = sweep.collect(out)
+        path = sweep.write_comparison(runs, out)
+        others = len(runs) - len(results)
+        click.echo(f"comparison: {path}" + (f" (with {others} earlier run(s) found in "
+                                             f"{out_dir})" if others > 0 else ""))
+
+
+def _summary_line(s: dict, wall_s: float) -> str:
+    """One run's result line; a run stopped by --max-time says so (its metrics are
+    over the jobs that finished), and a metric with no data shows as "-"."""
+    def num(key: str, scale: float = 1.0, digits: int = 0) -> str:
+        v = s.get(key)
+        return "-" if v is None else f"{v / scale:.{digits}f}"
+
+    stopped = "" if s.get("all_finished", True) else \
+        f" [stopped at --max-time: {s['jobs'] - s['jobs_finished']} job(s) unfinished]"
+    return (f"{s['workload']:>20s} {s['policy']:>8s} seed {s['seed']}: "
+            f"{s['jobs_finished']}/{s['jobs']} jobs, avg JCT {num('avg_jct_s')} s, "
+            f"p99 {num('p99_jct_s')} s, makespan {num('makespan_s', 3600, 1)} h "
+            f"({wall_s:.1f} s wall){stopped}")
 
 
 def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:

@@ -24,6 +24,10 @@ Definitions (all times in seconds):
   model of the job (`JobOutcome.ideal_time`, a function of a GPU share); jobs
   without one get no rho. Keys: ``ftf_rho_avg``, ``ftf_rho_max``,
   ``ftf_unfair_fraction`` (share of jobs with rho > 1).
+
+A metric over an empty set (no job finished, none started, none with a model of
+its ideal time) is None (``null`` in summary.json), not 0: a run stopped before
+any job ended has no JCT, and 0 would read as a perfect one.
 """
 
 from __future__ import annotations
@@ -145,7 +149,8 @@ def utilization(times: np.ndarray, used: np.ndarray, total_gpus: int, start: flo
 
 
 def summarize(outcomes: Sequence[JobOutcome], total_gpus: int,
-              timeline: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float | int]:
+              timeline: tuple[np.ndarray, np.ndarray] | None = None,
+              ) -> dict[str, float | int | None]:
     """The run's summary metrics (see the module docstring), values rounded to 3 digits.
 
     Args:
@@ -156,13 +161,16 @@ def summarize(outcomes: Sequence[JobOutcome], total_gpus: int,
 
     Returns keys: jobs, jobs_finished, avg_jct_s, median_jct_s, p99_jct_s,
     max_jct_s, makespan_s, gpu_utilization, gpu_hours, restarts_per_job,
-    avg_wait_s, ftf_rho_avg, ftf_rho_max, ftf_unfair_fraction (metrics of an
-    empty set are 0).
+    avg_wait_s, ftf_rho_avg, ftf_rho_max, ftf_unfair_fraction (None for a
+    metric over an empty set: the JCTs, makespan and utilisation when no job
+    finished, the wait when none started, fairness when no finished job has an
+    ideal-time model, restarts when there is no job).
     """
     jcts = np.array([o.jct_s for o in outcomes if o.jct_s is not None], dtype=float)
     finished = [o for o in outcomes if o.end_s is not None]
     waits = np.array([o.start_s - o.arrival_s for o in outcomes if o.start_s is not None])
-    out: dict[str, float | int] = {"jobs": len(outcomes), "jobs_finished": len(finished)}
+    out: dict[str, float | int | None] = {"jobs": len(outcomes),
+                                          "jobs_finished": len(finished)}
     if jcts.size:
         out.update(avg_jct_s=_round(float(jcts.mean())),
                    median_jct_s=_round(float(np.median(jcts))),
@@ -172,24 +180,26 @@ def summarize(outcomes: Sequence[JobOutcome], total_gpus: int,
         last = max(o.end_s for o in finished)  # type: ignore[type-var]
         makespan = float(last - first)
     else:
-        out.update(avg_jct_s=0.0, median_jct_s=0.0, p99_jct_s=0.0, max_jct_s=0.0)
+        out.update(avg_jct_s=None, median_jct_s=None, p99_jct_s=None, max_jct_s=None)
         first = last = makespan = 0.0
-    out["makespan_s"] = _round(makespan)
+    out["makespan_s"] = _round(makespan) if finished else None
     gpu_s = float(sum(o.gpu_seconds for o in outcomes))
-    if timeline is not None and makespan > 0:
-        util = utilization(timeline[0], timeline[1], total_gpus, first, last)
+    if not finished or total_gpus <= 0:
+        util = None
+    elif timeline is not None and makespan > 0:
+        util = _round(utilization(timeline[0], timeline[1], total_gpus, first, last))
     else:
-        util = gpu_s / (total_gpus * makespan) if makespan > 0 and total_gpus > 0 else 0.0
-    out["gpu_utilization"] = _round(util)
+        util = _round(gpu_s / (total_gpus * makespan)) if makespan > 0 else 0.0
+    out["gpu_utilization"] = util
     out["gpu_hours"] = _round(gpu_s / 3600.0)
-    out["restarts_per_job"] = _round(float(np.mean([o.restarts for o in outcomes]))
-                                     if outcomes else 0.0)
-    out["avg_wait_s"] = _round(float(waits.mean())) if waits.size else 0.0
+    out["restarts_per_job"] = (_round(float(np.mean([o.restarts for o in outcomes])))
+                               if outcomes else None)
+    out["avg_wait_s"] = _round(float(waits.mean())) if waits.size else None
     rho = fairness_rho(outcomes, total_gpus)
     rho = rho[np.isfinite(rho)]
-    out["ftf_rho_avg"] = _round(float(rho.mean())) if rho.size else 0.0
-    out["ftf_rho_max"] = _round(float(rho.max())) if rho.size else 0.0
-    out["ftf_unfair_fraction"] = _round(float(np.mean(rho > 1.0))) if rho.size else 0.0
+    out["ftf_rho_avg"] = _round(float(rho.mean())) if rho.size else None
+    out["ftf_rho_max"] = _round(float(rho.max())) if rho.size else None
+    out["ftf_unfair_fraction"] = _round(float(np.mean(rho > 1.0))) if rho.size else None
     return out
 
 

@@ -344,12 +344,16 @@ def write_comparison(runs: Sequence[dict], out_dir: str | Path) -> Path:
     per_run.sort(key=lambda r: (r["workload"], r["policy"], r["seed"]))
     means = {}
     for pol, rows in sorted(by_policy.items()):
-        means[pol] = {"runs": len(rows)}
+        means[pol] = {"runs": len(rows),
+                      "incomplete_runs": sum(1 for r in rows if r.get("all_finished") is False)}
         for k in _COMPARED:
             vals = [float(r[k]) for r in rows if r.get(k) is not None]
             means[pol][f"mean_{k}"] = round(sum(vals) / len(vals), 3) if vals else None
     doc = {"runs": per_run, "by_policy": means,
-           "note": "mean_* are means over runs (workloads x seeds) of each run's metric"}
+           "note": "mean_* are means over runs (workloads x seeds) of each run's metric "
+                   "(null: no run has it); a run that stopped at --max-time "
+                   "(incomplete_runs, all_finished false) has metrics over its finished "
+                   "jobs only"}
     path = out / "comparison.json"
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if any(jcts_all.values()):

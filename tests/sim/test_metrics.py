@@ -74,9 +74,21 @@ def test_summary_on_a_hand_computed_run():
     assert s["gpu_hours"] == 0.25
     assert s["restarts_per_job"] == pytest.approx(1 / 3, abs=1e-3)
     assert s["avg_wait_s"] == 20.0
-    assert s["ftf_rho_avg"] == 0.0       # no job has a model of its ideal time here
+    assert s["ftf_rho_avg"] is None      # no job has a model of its ideal time here
     empty = summarize([], 8)
-    assert empty["avg_jct_s"] == 0.0 and empty["makespan_s"] == 0.0
+    assert empty["avg_jct_s"] is None and empty["makespan_s"] is None
+    assert empty["restarts_per_job"] is None and empty["gpu_hours"] == 0.0
+
+
+def test_a_run_stopped_before_any_job_ended_has_no_jct_not_a_zero_one():
+    # One job ran the whole hour on 8 GPUs and had not ended when the run stopped.
+    outs = [outcome("a", 0.0, 0.0, None, gpu_s=8 * 3600.0), outcome("b", 10.0, None, None)]
+    s = summarize(outs, 8, timeline=(np.array([0.0, 3600.0]), np.array([8, 0])))
+    assert s["jobs_finished"] == 0
+    for k in ("avg_jct_s", "median_jct_s", "p99_jct_s", "max_jct_s", "makespan_s",
+              "gpu_utilization", "ftf_rho_avg", "ftf_rho_max", "ftf_unfair_fraction"):
+        assert s[k] is None, k
+    assert s["gpu_hours"] == 8.0 and s["avg_wait_s"] == 0.0 and s["restarts_per_job"] == 0.0
 
 
 def test_utilization_clips_to_the_interval():

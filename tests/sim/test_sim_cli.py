@@ -106,6 +106,28 @@ def test_interval_comes_from_the_config_unless_given(tmp_path, workload, flag, e
     assert s["decide_cycles"] <= 1 + 1800 // expected
 
 
+def test_a_run_stopped_by_max_time_says_so(tmp_path, workload):
+    out = tmp_path / "o"
+    res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",
+                   "--max-time", "0.005", "--no-plots", "--out", str(out))   # 18 s
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "tiny" / "las" / "seed0" / "summary.json").read_text())
+    assert s["all_finished"] is False and s["jobs_finished"] == 0
+    assert s["avg_jct_s"] is None and s["makespan_s"] is None
+    assert "0/3 jobs, avg JCT - s, p99 - s, makespan - h" in res.output
+    assert "[stopped at --max-time: 3 job(s) unfinished]" in res.output
+    cmp = json.loads((out / "comparison.json").read_text())
+    assert cmp["by_policy"]["las"]["incomplete_runs"] == 1
+    assert cmp["by_policy"]["las"]["mean_avg_jct_s"] is None
+    # A second sweep into the same folder compares with the runs already there.
+    res = simulate("--workload", str(workload), "--policy", "static", "--nodes", "2",
+                   "--no-plots", "--out", str(out))
+    assert res.exit_code == 0 and "(with 1 earlier run(s) found in" in res.output
+    cmp = json.loads((out / "comparison.json").read_text())
+    assert cmp["by_policy"]["static"]["incomplete_runs"] == 0
+    assert set(cmp["by_policy"]) == {"las", "static"}
+
+
 def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     from malleable.sim import sweep
 
