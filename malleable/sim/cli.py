@@ -274,16 +274,28 @@ def _validate(specs) -> list[int]:
     from malleable.sim.traces import TraceError
 
     sizes: dict[tuple, int] = {}
+    noted: set[str] = set()
     out = []
     for s in specs:
         key = (s.workload, s.seed if s.fmt in ("philly", "gavel", "auto") else 0)
         if key not in sizes:
             try:
-                sizes[key] = len(s.load())
+                jobs = s.load()
             except TraceError as exc:
                 raise _fail(f"--workload {exc}") from None
             except ValueError as exc:
                 raise _fail(f"--workload {s.workload}: {exc}") from None
+            if not jobs:
+                raise _fail(f"--workload {s.workload}: no job to simulate (the trace has "
+                            "none, or none is left after the loader's filters)")
+            sizes[key] = len(jobs)
+            total = s.nodes * s.gpus_per_node
+            big = sum(1 for j in jobs if j.gpus > total)
+            if big and s.workload not in noted:
+                noted.add(s.workload)
+                click.echo(f"malleable simulate: note: --workload {s.workload}: {big} job(s) "
+                           f"ask for more GPUs than the cluster's {total}; they run on "
+                           f"{total} (jobs.csv keeps their request)", err=True)
         try:
             s.daemon_config()
             s.options()

@@ -181,6 +181,22 @@ def test_unusable_out_is_refused_before_any_run(tmp_path, workload):
     assert res.exit_code == 0 and (tmp_path / "new" / "deep" / "tiny" / "las").is_dir()
 
 
+def test_a_trace_without_jobs_is_refused_and_oversized_requests_are_noted(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("name,time,application,num_replicas,batch_size\n")
+    res = simulate("--workload", str(empty), "--policy", "las", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2
+    assert f"--workload {empty}: no job to simulate" in res.stderr
+    big = tmp_path / "big.csv"
+    big.write_text("name,time,application,num_replicas,batch_size\n"
+                   "j0,0,cifar10,16,256\nj1,10,ncf,1,32768\n")
+    res = simulate("--workload", str(big), "--policy", "static", "--nodes", "2", "--no-plots",
+                   "--out", str(tmp_path / "b"))
+    assert res.exit_code == 0
+    assert (f"--workload {big}: 1 job(s) ask for more GPUs than the cluster's 8; they run "
+            "on 8") in res.stderr
+
+
 def test_bad_config_file_is_refused(tmp_path, workload):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[daemon]\npoll_interval_s = 'soon'\n")
