@@ -130,9 +130,10 @@ def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
             for row in reader:
                 line = reader.line_num
                 if None in row or any(v is None for v in row.values()):
-                    raise TraceError(path, line, "row", ",".join(
-                        str(v) for v in row.values() if v is not None),
-                        f"expected {len(header)} fields")
+                    cells = [v for k, v in row.items() if k is not None and v is not None]
+                    cells += row.get(None) or []   # csv.DictReader's extra cells
+                    raise TraceError(path, line, "row", ",".join(cells)[:80],
+                                     f"{len(cells)} fields, expected {len(header)}")
                 yield line, row
     except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
         raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
@@ -564,9 +565,12 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         raise TraceError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
-        raise TraceError(path, 0, "jobs", type(doc.get("jobs") if isinstance(doc, dict) else doc)
-                         .__name__, "expected an object with a 'jobs' list (sacct --json)")
+    if not isinstance(doc, dict) or "jobs" not in doc:
+        raise TraceError(path, 0, "", None, "not a sacct --json export: expected an object "
+                         "with a 'jobs' list")
+    if not isinstance(doc["jobs"], list):
+        raise TraceError(path, 0, "jobs", type(doc["jobs"]).__name__,
+                         "expected a list (sacct --json)")
     jobs, skipped = [], 0
     for i, rec in enumerate(doc["jobs"]):
         where = f"jobs[{i}]"

@@ -63,10 +63,13 @@ def detect_format(path: str | Path) -> str:
 
     ``.swf`` (or ``.swf.gz``): swf; a header starting ``name,time,application``:
     pollux; ``timestamp,duration,num_gpus``: philly; ``seed,vc,line_no``: gavel;
-    anything else: sacct (whose loader knows its three layouts).
+    a JSON object, a ``|``-separated header, or the Eagle CSV's header
+    (``job_id,...`` or one with ``submit_time``): sacct (whose loader tells its
+    three layouts apart).
 
     Raises:
-        TraceError: the file cannot be read.
+        TraceError: the file cannot be read, is empty, or its first line is none of
+            these (the message lists them and points to ``--format``).
     """
     p = Path(path)
     names = [s.lower() for s in p.suffixes]
@@ -84,7 +87,17 @@ def detect_format(path: str | Path) -> str:
         return "philly"
     if first.startswith("seed,vc,line_no"):
         return "gavel"
-    return "sacct"
+    if (first.startswith("{") or "|" in first or first.startswith("job_id,")
+            or ",submit_time," in first):
+        return "sacct"
+    if not first:
+        raise TraceError(p, 1, "", None, "empty first line: no trace format to recognise "
+                         "(name one with --format)")
+    raise TraceError(p, 1, "header", first[:80], "no known trace format: expected a Pollux "
+                     "CSV (name,time,application,...), the Philly list (timestamp,duration,"
+                     "num_gpus,...), a Gavel trace (seed,vc,line_no,...), SWF (*.swf), or "
+                     "a sacct export (--json, -P text, the Eagle CSV); or name one with "
+                     "--format")
 
 
 def workload_name(path: str | Path) -> str:

@@ -101,6 +101,23 @@ def test_formats_are_detected_from_the_real_files():
         load_workload("/nonexistent.csv")
 
 
+def test_an_unknown_or_empty_trace_names_the_formats(tmp_path):
+    other = tmp_path / "dist.csv"
+    other.write_text("duration_s,num_gpus\r\n10,1\r\n")   # not a trace (CRLF too)
+    with pytest.raises(TraceError, match=r"dist.csv:1: field header='duration_s,num_gpus': "
+                                         r"no known trace format: expected a Pollux CSV"):
+        detect_format(other)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(TraceError, match="empty first line: no trace format to recognise"):
+        load_workload(empty)
+    for first, fmt in [('{"jobs": []}', "sacct"), ("JobID|Submit|", "sacct"),
+                       ("job_id,user,submit_time", "sacct")]:
+        f = tmp_path / "s.txt"
+        f.write_text(first + "\n")
+        assert detect_format(f) == fmt
+
+
 def test_gavel_and_sacct_jobs_get_profiled_models(tmp_path):
     gavel = load_workload(DATA / "gavel/philly_msr_vc_traces.csv.gz", window_days=14,
                           capacity_gpus=64)

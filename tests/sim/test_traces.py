@@ -88,7 +88,12 @@ def test_pollux_workload_refuses_missing_columns_short_rows_and_duplicates(tmp_p
     with pytest.raises(TraceError, match=r"w.csv:1: field header=.*missing column\(s\) batch_size"):
         load_pollux_workload(f)
     f.write_text("name,time,application,num_replicas,batch_size\nx,1,ncf,1\n")
-    with pytest.raises(TraceError, match=r"w.csv:2: field row=.*expected 5 fields"):
+    with pytest.raises(TraceError, match=r"w.csv:2: field row='x,1,ncf,1': 4 fields, "
+                                         r"expected 5"):
+        load_pollux_workload(f)
+    f.write_text("name,time,application,num_replicas,batch_size\nx,1,ncf,1,2,extra\n")
+    with pytest.raises(TraceError, match=r"w.csv:2: field row='x,1,ncf,1,2,extra': 6 fields, "
+                                         r"expected 5"):
         load_pollux_workload(f)
     f.write_text("name,time,application,num_replicas,batch_size\nx,1,ncf,1,2\nx,2,ncf,1,2\n")
     with pytest.raises(TraceError, match=r"w.csv:3: field name='x': duplicate of line 2"):
