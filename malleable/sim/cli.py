@@ -64,7 +64,8 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--workload", "workloads", multiple=True, metavar="PATH[,PATH...]",
               help="Trace file(s), comma-separated or repeated; a directory means its files.")
 @click.option("--policy", "policies", multiple=True, metavar="NAME[,NAME...]",
-              help="Policy name(s) (see docs/policies.md).")
+              help="Policy name(s): pollux (= default), las, gittins, hesrpt, srpt, "
+                   "optimus, equi, fifo, static (docs/policies.md).")
 @click.option("--policy-params", "policy_params", multiple=True, metavar="NAME=JSON",
               help='Parameters of one policy, e.g. las=\'{"starve_s": 1e12}\' (repeatable).')
 @click.option("--nodes", type=click.IntRange(min=1), default=16, show_default=True)
@@ -81,7 +82,12 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help="Restart cost of every job, seconds [default: per model].")
 @click.option("--format", "fmt", type=click.Choice(["auto", "pollux", "philly", "gavel", "swf",
                                                     "sacct"]),
-              default="auto", show_default=True, help="Trace format.")
+              default="auto", show_default=True,
+              help="Trace format. auto: from the name and first line: pollux "
+                   "(name,time,application,num_replicas,batch_size), philly "
+                   "(timestamp,duration,num_gpus,...), gavel (seed,vc,line_no,...), swf "
+                   "(*.swf[.gz]), sacct (--json, -P text or the Eagle CSV); "
+                   "docs/simulator.md has the columns.")
 @click.option("--load-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, metavar="X", help="Arrival times divided by X.")
 @click.option("--window", "window_days", type=click.FloatRange(min=0, min_open=True),
@@ -99,7 +105,8 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help="TOML with daemon settings ([daemon], [policy], ...) for every run.")
 @click.option("--max-time", "max_time_h", type=click.FloatRange(min=0, min_open=True),
               default=2880.0, show_default=True, metavar="HOURS",
-              help="Stop a run at this simulated time.")
+              help="Stop a run at this simulated time (default 120 days: a bound, not a "
+                   "target; a stopped run's metrics cover its finished jobs).")
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None,
               help="Runs in parallel (worker processes). Default: one per CPU core this "
                    "process may use, at most one per run.")
@@ -201,8 +208,18 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     except (ValueError, OSError) as exc:
         if bar is not None:
             bar.close()
+        if _interrupted(exc):
+            raise click.Abort() from None
         click.echo(f"malleable simulate: error: a run failed: {exc}", err=True)
         raise click.exceptions.Exit(1) from None
+    except Exception as exc:
+        # Ctrl-C inside the state store's commit can surface as the store's error on the
+        # way out ("This transaction is closed"): still an interruption, not a failure.
+        if _interrupted(exc):
+            if bar is not None:
+                bar.close()
+            raise click.Abort() from None
+        raise
     if bar is not None:
         bar.close()
     for r in results:
@@ -213,6 +230,18 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         others = len(runs) - len(results)
         click.echo(f"comparison: {path}" + (f" (with {others} earlier run(s) found in "
                                              f"{out_dir})" if others > 0 else ""))
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a KeyboardInterrupt was being handled."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _summary_line(s: dict, wall_s: float) -> str:

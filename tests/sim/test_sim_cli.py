@@ -128,6 +128,37 @@ def test_a_run_stopped_by_max_time_says_so(tmp_path, workload):
     assert set(cmp["by_policy"]) == {"las", "static"}
 
 
+def test_ctrl_c_surfacing_as_a_store_error_is_an_abort_not_a_traceback(tmp_path, workload,
+                                                                          monkeypatch):
+    from sqlalchemy.exc import ResourceClosedError
+
+    from malleable.sim import sweep
+
+    def interrupted(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ResourceClosedError("This transaction is closed") from None
+
+    monkeypatch.setattr(sweep, "run_sweep", interrupted)
+    res = simulate("--workload", str(workload), "--policy", "las", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 1 and "Aborted!" in res.output
+    assert not isinstance(res.exception, ResourceClosedError)
+
+
+def test_help_lists_every_policy_and_format():
+    from malleable.policies.registry import available
+    from malleable.sim.workloads import FORMATS
+
+    res = CliRunner().invoke(main, ["simulate", "--help"])
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    for name in available():
+        assert name in text, name
+    for fmt in FORMATS:
+        assert fmt in text, fmt
+
+
 def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     from malleable.sim import sweep
 
