@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from malleable.sim.profiles import MODELS
+from malleable.sim.profiles import MODELS, load_profile
 
 #: Pollux's GPU-time classes (upper bounds in GPU-seconds) and the models mapped to them.
 PHILLY_CLASSES = ((3600.0, ("cifar10", "ncf")), (36000.0, ("deepspeech2", "bert")),
@@ -215,7 +215,9 @@ def load_pollux_workload(path: str | Path) -> list[TraceJob]:
     the six profiled models), ``gpus = num_replicas``, ``batch_size``.
 
     Raises:
-        TraceError: unreadable file, missing column, duplicate name, or a bad value.
+        TraceError: unreadable file, missing column, duplicate name, or a bad value
+            (a batch size above the model's profile is one: the profile cannot say
+            how such a job trains).
     """
     path = Path(path)
     jobs, names = [], []
@@ -228,10 +230,14 @@ def load_pollux_workload(path: str | Path) -> list[TraceJob]:
         if app not in MODELS:
             raise TraceError(path, line, "application", app,
                              f"unknown model (known: {', '.join(MODELS)})")
+        batch = _int(path, line, "batch_size", row["batch_size"], lo=1)
+        most = load_profile(app).max_batch_size
+        if batch > most:
+            raise TraceError(path, line, "batch_size", row["batch_size"],
+                             f"above the {app} profile's largest batch size ({most})")
         jobs.append(TraceJob(name=name, arrival_s=_float(path, line, "time", row["time"]),
                              gpus=_int(path, line, "num_replicas", row["num_replicas"], lo=1),
-                             model=app,
-                             batch_size=_int(path, line, "batch_size", row["batch_size"], lo=1)))
+                             model=app, batch_size=batch))
         names.append((line, name))
     _check_unique(path, names)
     return _sorted(jobs)

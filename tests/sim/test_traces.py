@@ -98,6 +98,10 @@ def test_pollux_workload_refuses_missing_columns_short_rows_and_duplicates(tmp_p
     f.write_text("name,time,application,num_replicas,batch_size\nx,1,ncf,1,2\nx,2,ncf,1,2\n")
     with pytest.raises(TraceError, match=r"w.csv:3: field name='x': duplicate of line 2"):
         load_pollux_workload(f)
+    f.write_text("name,time,application,num_replicas,batch_size\nx,1,cifar10,2,99999\n")
+    with pytest.raises(TraceError, match=r"w.csv:2: field batch_size='99999': above the "
+                                         r"cifar10 profile's largest batch size \(4096\)"):
+        load_pollux_workload(f)
     with pytest.raises(TraceError, match="cannot read trace"):
         load_pollux_workload(tmp_path / "missing.csv")
 
