@@ -16,6 +16,19 @@ import click
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".swf", ".swf.gz", ".json", ".txt", ".log")
 
 
+class _Finite(click.FloatRange):
+    """A `click.FloatRange` that also refuses nan and infinities (the range checks let
+    nan through)."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        out = super().convert(value, param, ctx)
+        if out is not None and not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return out
+
+
 def _fail(message: str) -> click.exceptions.Exit:
     click.echo(f"malleable simulate: error: {message}", err=True)
     return click.exceptions.Exit(2)
@@ -70,7 +83,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help='Parameters of one policy, e.g. las=\'{"starve_s": 1e12}\' (repeatable).')
 @click.option("--nodes", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--interval", type=_Finite(min=0, min_open=True), default=None,
               help="Decide interval, simulated seconds. Default: --config's "
                    "daemon.decide_interval_s, else the daemon's 60 s; given, it overrides "
                    "the config.")
@@ -78,7 +91,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               show_default=True, help="Seed(s): request rounding, model choice, the policy's.")
 @click.option("--out", "out_dir", metavar="DIR", required=True,
               help="Output directory (DIR/<workload>/<policy>/seed<N>/...).")
-@click.option("--restart-cost", type=click.FloatRange(min=0), default=None, metavar="S",
+@click.option("--restart-cost", type=_Finite(min=0), default=None, metavar="S",
               help="Restart cost of every job, seconds [default: per model].")
 @click.option("--format", "fmt", type=click.Choice(["auto", "pollux", "philly", "gavel", "swf",
                                                     "sacct"]),
@@ -88,9 +101,9 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
                    "(timestamp,duration,num_gpus,...), gavel (seed,vc,line_no,...), swf "
                    "(*.swf[.gz]), sacct (--json, -P text or the Eagle CSV); "
                    "docs/simulator.md has the columns.")
-@click.option("--load-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--load-scale", type=_Finite(min=0, min_open=True), default=1.0,
               show_default=True, metavar="X", help="Arrival times divided by X.")
-@click.option("--window", "window_days", type=click.FloatRange(min=0, min_open=True),
+@click.option("--window", "window_days", type=_Finite(min=0, min_open=True),
               default=None, metavar="DAYS",
               help="Replay only the busiest window of DAYS whose demand fits the cluster.")
 @click.option("--map-models", is_flag=True,
@@ -103,7 +116,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help="Jobs declare their true total work [default: optimus only].")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="TOML with daemon settings ([daemon], [policy], ...) for every run.")
-@click.option("--max-time", "max_time_h", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-time", "max_time_h", type=_Finite(min=0, min_open=True),
               default=2880.0, show_default=True, metavar="HOURS",
               help="Stop a run at this simulated time (default 120 days: a bound, not a "
                    "target; a stopped run's metrics cover its finished jobs).")
@@ -142,6 +155,8 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     paths = _expand(_split(workloads))
     if not paths:
         raise _fail("--workload: give at least one trace file")
+    if any(not v.strip() for value in policies for v in value.split(",")) and _split(policies):
+        raise _fail(f"--policy {','.join(policies)!r}: an empty name between commas")
     pols = _split(policies)
     if not pols:
         raise _fail("--policy: give at least one policy")

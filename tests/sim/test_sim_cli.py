@@ -31,7 +31,7 @@ def workload(tmp_path: Path) -> Path:
 
 
 def simulate(*args: str):
-    return CliRunner().invoke(main, ["simulate", "--no-progress", *args])
+    return CliRunner().invoke(main, ["simulate", "--no-progress", *args], prog_name="malleable")
 
 
 def test_plain_sweep_writes_runs_and_comparison(tmp_path, workload):
@@ -176,6 +176,10 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "pollux", "--seed", "-1"], "--seed '-1': expected an integer >= 0"),
     (["--policy", "pollux", "--seed", "1,2,1"], "--seed '1': given twice"),
     (["--policy", "las,static,las"], "--policy 'las': given twice"),
+    (["--policy", "static,,las"], "--policy 'static,,las': an empty name between commas"),
+    (["--policy", "las", "--interval", "nan"], "Invalid value for '--interval': 'nan' is not a "
+                                               "finite number"),
+    (["--policy", "las", "--load-scale", "inf"], "Invalid value for '--load-scale': 'inf'"),
     (["--policy", "pollux", "--format", "philly"], "missing column(s)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, workload, args, message):
