@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.blocking import BlockingScheduler
+from sqlalchemy.exc import DBAPIError
 
 from malleable.config import Config, ConfigError, load_config
 from malleable.daemon.cycle import CycleReport, Daemon
@@ -49,6 +50,7 @@ from malleable.daemon.systemd import Notifier
 from malleable.daemon.testhook import crash_points_from_env
 from malleable.db import schema
 from malleable.db.engine import engine_from_config, session_factory
+from malleable.db.errors import StoreError
 from malleable.db.lease import (
     LeaseLost,
     acquire_lease,
@@ -128,8 +130,14 @@ class Service:
             self._cycle_since = time.monotonic()
             try:
                 report = fn()
-            except Exception:  # the service must outlive any single cycle's failure
-                log.exception("%s failed; will run again at the next interval", what)
+            except Exception as exc:  # the service must outlive any single cycle's failure
+                log.exception("%s failed (%s); will run again at the next interval", what,
+                              exc)
+                if isinstance(exc, StoreError | DBAPIError):
+                    # A connection opened while the database could not be written (a full
+                    # or read-only disk, an immutable WAL) stays read-only for good: the
+                    # next cycle opens new ones, so the daemon recovers with the disk.
+                    self.engine.dispose()
                 return
             finally:
                 self._cycle_since = None

@@ -113,3 +113,37 @@ def test_heartbeat_runs_beside_a_slow_cycle_but_not_beside_a_hung_one(service):
     service._cycle_since = time.monotonic() - limit - 1   # hung: withheld
     service._heartbeat()
     assert read_lease(service.engine).heartbeat_at == renewed
+
+
+def test_a_cycle_after_a_database_write_outage_gets_new_connections(service, tmp_path):
+    """A connection SQLite opened while the WAL could not be written stays read-only after
+    the disk recovers: a daemon that kept its pool failed every cycle for good (while its
+    heartbeat, on an older connection, said healthy). A store error now makes the next
+    cycle open new connections. The outage is real: the WAL file made immutable."""
+    import shutil
+    import subprocess
+    from datetime import UTC, datetime
+
+    from malleable.db import store
+
+    wal = tmp_path / "m.db-wal"
+    tick = iter(range(100))
+
+    def cycle():
+        with service.sessions() as s, s.begin():
+            store.set_setting(s, "test.tick", str(next(tick)), datetime.now(UTC))
+
+    service._run(cycle, "poll")                    # the WAL exists, the pool has a connection
+    if shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", str(wal)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a file system with "
+                    "the immutable flag)")
+    try:
+        service.engine.dispose()                   # e.g. the pool replaced its connection
+        service._run(cycle, "poll")                # fails: logged, not raised
+        service._run(cycle, "poll")
+    finally:
+        subprocess.run(["chattr", "-i", str(wal)], check=True)
+    service._run(cycle, "poll")                    # the disk is back: this cycle writes
+    with service.sessions() as s:
+        assert store.get_setting(s, "test.tick") == "3"
