@@ -150,7 +150,11 @@ def parse_since(text: str, now: datetime) -> datetime:
     """
     m = _DURATION.match(text)
     if m:
-        return now - timedelta(seconds=float(m.group(1)) * _UNIT_S[(m.group(2) or "s").lower()])
+        try:
+            return now - timedelta(seconds=float(m.group(1))
+                                   * _UNIT_S[(m.group(2) or "s").lower()])
+        except (OverflowError, ValueError):   # past datetime's range (year 1)
+            raise BadInput(f"--since {text!r}: too long ago (before year 1)") from None
     try:
         return parse_time(text)
     except ValueError:

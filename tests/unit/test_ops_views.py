@@ -133,6 +133,9 @@ def test_since_durations_and_times():
     assert parse_since("2026-05-01T10:00:00Z", now) == datetime(2026, 5, 1, 10, tzinfo=UTC)
     with pytest.raises(BadInput, match=r"--since 'yesterday': expected a duration"):
         parse_since("yesterday", now)
+    for huge in ("99999999d", "999999999w", "1e400"):   # past datetime's range: no traceback
+        with pytest.raises(BadInput, match=r"too long ago|expected a duration"):
+            parse_since(huge, now)
 
 
 def test_text_helpers():
