@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -392,6 +393,10 @@ class Policy(abc.ABC):
             if not _type_ok(value, hints[key]):
                 raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: expected "
                                  f"{_type_words(hints[key])}")
+            if any(isinstance(v, float) and not math.isfinite(v)
+                   for v in (value if isinstance(value, list | tuple) else (value,))):
+                raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: expected "
+                                 "finite numbers (nan and infinities are never accepted)")
             if isinstance(value, list):
                 params[key] = tuple(value)
         try:

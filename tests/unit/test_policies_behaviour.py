@@ -96,7 +96,7 @@ def pollux_vs_exhaustive(seed: int, J: int, g: int, nodes: int) -> float:
     every feasible, packable allocation (starvation promotion off: it is not Pollux's)."""
     rng = np.random.default_rng(seed)
     jobs, cap = random_instance(rng, J, nodes, g, max_choices=(1, 2, 3, 4, 8))
-    out = get_policy("pollux", starve_s=float("inf")).allocate(jobs, cap)
+    out = get_policy("pollux", starve_s=1e18).allocate(jobs, cap)
     x = penalised_speedup(jobs, cap)
     assert out.objective == pytest.approx(
         power_mean(x[np.arange(J), jobs.table.column(out.gpus)], jobs.weight, -1, 1e-3))

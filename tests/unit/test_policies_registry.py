@@ -59,6 +59,11 @@ def test_unknown_policy_names_it_and_the_known_ones():
     ("las", {"size": "huge"}, ["las", "size = 'huge'", "expected one of 'requested', 'max'"]),
     ("static", {"backfill": 1}, ["static", "backfill = 1", "expected true or false"]),
     ("fifo", {"anything": 1}, ["fifo", "unknown parameter 'anything'", "known: none"]),
+    ("hesrpt", {"risk": float("nan")}, ["hesrpt", "risk = nan", "expected finite numbers"]),
+    ("srpt", {"risk": float("inf")}, ["srpt", "risk = inf", "expected finite numbers"]),
+    ("pollux", {"p": float("-inf")}, ["pollux", "p = -inf", "expected finite numbers"]),
+    ("pollux", {"p": float("nan")}, ["pollux", "p = nan", "expected finite numbers"]),
+    ("las", {"thresholds": [float("nan")]}, ["las", "thresholds = [nan]", "finite numbers"]),
 ])
 def test_bad_parameters_are_named(name, params, words):
     with pytest.raises(ValueError) as exc:
