@@ -139,6 +139,10 @@ STATUS = _schema("malleable.status/1", "malleable status",
     }, nullable=True),
     "last_poll": _time("the latest poll of Slurm (newest `last_seen` of any job)"),
     "last_poll_age_s": _null("number", "seconds ago"),
+    "polls_stale": _t("boolean", "a healthy daemon has not polled Slurm successfully for "
+                      "over `polls_stale_after_s` (`status --check` exits 1)"),
+    "polls_stale_after_s": _t("number", "3 poll intervals plus one poll's Slurm retries "
+                              "(`command_timeout_s` x (`max_retries` + 1)), seconds"),
     "gpus_per_node": _t("integer", "g used for goodput at a GPU count"),
     "gpus_per_node_source": _t("string", "where g came from", enum=["option", "slurm.conf",
                                                                      "store"]),

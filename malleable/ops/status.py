@@ -12,7 +12,9 @@ goodput at the target's GPU count, `malleable.ops.views`) and its latest
 action with the step it is at.
 
 Read-only; works for any user who can read the database. ``--check`` makes
-the exit code say whether the daemon is healthy (1 when stale or absent).
+the exit code say whether the daemon is healthy (1 when stale or absent, or
+when a healthy daemon has not polled Slurm successfully for longer than
+`poll_stale_after_s`: its polls are failing).
 """
 
 from __future__ import annotations
@@ -83,6 +85,15 @@ def daemon_health(s: Session, config: Config, now: datetime) -> dict:
         health = "healthy"
     return {"health": health, "holder": holder, "acquired_at": iso(row.acquired_at if row else None),
             "heartbeat_at": iso(beat), "heartbeat_age_s": age, "lease_timeout_s": timeout}
+
+
+def poll_stale_after_s(config: Config) -> float:
+    """Seconds without a successful poll after which a running daemon's polls count as
+    failing: three poll intervals plus one poll's worst case of Slurm retries (every
+    attempt timing out), so that one slow poll is not an alarm."""
+    sl = config.slurm
+    return float(3 * config.daemon.poll_interval_s
+                 + sl.command_timeout_s * (sl.max_retries + 1))
 
 
 def action_doc(a: Action, slurm_job_id: str | None = None) -> dict:
@@ -169,11 +180,14 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
     held = s.scalar(select(func.coalesce(func.sum(Job.gpus), 0)).where(
         Job.malleable.is_(True), Job.state == "RUNNING"))
     rows = job_rows(s, jobs, targets, g)
+    health = daemon_health(s, config, now)
+    poll_age = age_s(last_poll, now)
+    stale_after = poll_stale_after_s(config)
     return {
         "schema": SCHEMA,
         "generated_at": iso(now),
         "database": where,
-        "daemon": daemon_health(s, config, now),
+        "daemon": health,
         "policy": policy_doc(s, config),
         "paused": store.is_paused(s),
         "last_decision": None if decision is None else {
@@ -182,7 +196,10 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
             "objective": finite(decision.objective), "duration_s": finite(decision.duration_s),
             "dry_run": decision.dry_run},
         "last_poll": iso(last_poll),
-        "last_poll_age_s": age_s(last_poll, now),
+        "last_poll_age_s": poll_age,
+        "polls_stale": health["health"] == "healthy" and (poll_age is None
+                                                          or poll_age > stale_after),
+        "polls_stale_after_s": stale_after,
         "gpus_per_node": g,
         "gpus_per_node_source": g_source,
         # Targets of the jobs that have not ended: the latest decision may predate an end.
@@ -233,7 +250,10 @@ def render_status(doc: dict) -> str:
         "last decision: " + ("none" if dec is None else
                              f"{fmt_when(dec['time'], dec['age_s'])}, {dec['policy']}, "
                              f"{fmt_number(dec['duration_s'] * 1e3 if dec['duration_s'] is not None else None, 'ms')}"),
-        f"last poll:     {fmt_when(doc['last_poll'], doc['last_poll_age_s'])}",
+        f"last poll:     {fmt_when(doc['last_poll'], doc['last_poll_age_s'])}"
+        + (f" -- POLLS FAILING: none succeeded for over "
+           f"{fmt_duration(doc['polls_stale_after_s'])} (is Slurm answering? see the "
+           "daemon's log)" if doc["polls_stale"] else ""),
         f"GPUs:          {doc['gpus']['held']} held by malleable jobs"
         + (f", {doc['gpus']['target']} targeted" if doc["gpus"]["target"] is not None else ""),
         "",
@@ -257,7 +277,8 @@ def render_status(doc: dict) -> str:
               help="GPUs per node for the goodput curve (default: from slurm.conf, else "
                    "inferred from the jobs).")
 @click.option("--check", is_flag=True,
-              help="Exit 1 unless the daemon is healthy (for monitoring).")
+              help="Exit 1 unless the daemon is healthy and polling Slurm (for "
+                   "monitoring).")
 @handle_errors
 def status(config_path: str | None, database_url: str | None, as_json: bool,
            include_finished: bool, gpus_per_node: int | None, check: bool) -> None:
@@ -274,3 +295,6 @@ def status(config_path: str | None, database_url: str | None, as_json: bool,
     emit(doc, as_json, render_status)
     if check and doc["daemon"]["health"] != "healthy":
         raise Failed(f"daemon {doc['daemon']['health']}")
+    if check and doc["polls_stale"]:
+        raise Failed(f"daemon healthy but no successful poll for "
+                     f"{fmt_duration(doc['last_poll_age_s'])}")

@@ -19,12 +19,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from jsonschema import Draft202012Validator
+from sqlalchemy import update
 
 from malleable.cli import main
 from malleable.daemon.cycle import spec_as_dict
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
 from malleable.db.lease import acquire_lease, release_lease
+from malleable.db.models import Job
 from malleable.ops import docgen
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.actions import build_actions
@@ -169,9 +171,21 @@ def test_daemon_health_from_the_lease(built, cfg):
 
 def test_status_check_exit_code_follows_health(run, built):
     eng = make_engine(built.url)
-    acquire_lease(eng, "testhost:4242", timeout_s=300, now=datetime.now(UTC))
+    now = datetime.now(UTC)
+    acquire_lease(eng, "testhost:4242", timeout_s=300, now=now)
+    with session_factory(eng)() as s, s.begin():
+        store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
     r = run("status", "--check", "--json")
-    assert js(r)["daemon"]["health"] == "healthy"
+    assert r.exit_code == 0, r.output
+    assert js(r)["daemon"]["health"] == "healthy" and js(r)["polls_stale"] is False
+    # A live daemon whose polls fail (Slurm down): --check says so.
+    old = now - timedelta(seconds=js(r)["polls_stale_after_s"] + 10)
+    with session_factory(eng)() as s, s.begin():
+        store.set_setting(s, store.LAST_POLL_KEY, old.isoformat(), now)
+        s.execute(update(Job).values(last_seen=old))
+    r = run("status", "--check")
+    one_line_error(r, 1, "malleable status: error: daemon healthy but no successful poll")
+    assert "POLLS FAILING" in r.stdout
     release_lease(eng, "testhost:4242")
     eng.dispose()
     r = run("status", "--check")
