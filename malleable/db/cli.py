@@ -40,6 +40,9 @@ def store_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+_CONFIG_KEY = "malleable.config"   # ctx.meta: the configuration the command runs with
+
+
 def _fail(ctx: click.Context, message: str) -> None:
     click.echo(f"malleable db {ctx.info_name}: error: {message}", err=True)
     ctx.exit(2)
@@ -56,6 +59,7 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
             try:
                 config = load_config(config_path)
                 engine = engine_from_config(config, url=database_url, create=create)
+                ctx.meta[_CONFIG_KEY] = config
                 fn(engine, **kw)
             except (StoreError, ConfigError) as exc:
                 _fail(ctx, str(exc))
@@ -110,12 +114,44 @@ def current(engine: Engine) -> None:
                    f"run `malleable db upgrade`)")
 
 
+def _live_holder(engine: Engine, timeout_s: float) -> str | None:
+    """The daemon holding the lease with a heartbeat within ``timeout_s`` (None: no live
+    daemon, or no lease table to read)."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.exc import DBAPIError
+
+    from malleable.db.lease import read_lease
+
+    try:
+        lease = read_lease(engine)
+    except (StoreError, DBAPIError):   # an empty or older schema: no lease to honour
+        return None
+    if lease.holder is None or lease.heartbeat_at is None:
+        return None
+    age = (datetime.now(UTC) - lease.heartbeat_at).total_seconds()
+    return f"{lease.holder} (heartbeat {age:.0f} s ago)" if age <= timeout_s else None
+
+
 @db.command()
 @store_options
 @click.argument("rev")
+@click.option("--force", is_flag=True,
+              help="Downgrade even while a daemon holds the lease with a fresh heartbeat.")
 @_with_engine(create=False)
-def downgrade(engine: Engine, rev: str) -> None:
-    """Downgrade the schema to REV ("base": drop every table). Destroys data of newer tables."""
+def downgrade(engine: Engine, rev: str, force: bool) -> None:
+    """Downgrade the schema to REV ("base": drop every table). Destroys data of newer tables.
+
+    Stop the daemon first (systemctl stop malleable): the command refuses while a
+    daemon holds the lease with a heartbeat within [daemon] lease_timeout_s,
+    unless --force.
+    """
+    ctx = click.get_current_context()
+    if not force:
+        holder = _live_holder(engine, ctx.meta[_CONFIG_KEY].daemon.lease_timeout_s)
+        if holder is not None:
+            _fail(ctx, f"a daemon is running on this database: {holder}; stop it first "
+                       "(systemctl stop malleable), or pass --force")
     before, after = schema.downgrade(engine, rev)
     where = describe_url(engine.url)
     click.echo(f"{where}: schema downgraded from {before or 'empty'} to {after or 'base'}")

@@ -157,3 +157,37 @@ def test_migrations_ship_in_the_package_without_alembic_ini():
         assert (mig / f).is_file(), f
     assert not list(mig.rglob("alembic.ini"))
     assert schema.known_revisions()[0] == "0001"
+
+
+def test_downgrade_is_refused_while_a_daemon_holds_the_lease(tmp_path, monkeypatch):
+    """`db downgrade base` under a running daemon dropped its tables (it then logged
+    tracebacks every cycle): refused while the lease has a fresh heartbeat, unless --force."""
+    from datetime import UTC, datetime, timedelta
+
+    from click.testing import CliRunner
+
+    from malleable.cli import main
+    from malleable.db.lease import acquire_lease, release_lease
+
+    monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+    url = f"sqlite:///{tmp_path}/m.db"
+    run = CliRunner().invoke
+    assert run(main, ["db", "upgrade", "--database-url", url]).exit_code == 0
+    eng = make_engine(url)
+    acquire_lease(eng, "node1:4242", timeout_s=60, now=datetime.now(UTC))
+    r = run(main, ["db", "downgrade", "base", "--database-url", url])
+    assert r.exit_code == 2
+    assert "a daemon is running on this database: node1:4242 (heartbeat" in r.output
+    assert "stop it first" in r.output and schema.schema_status(eng).up_to_date
+    # A stale lease (the daemon died) does not block; nor does --force.
+    release_lease(eng, "node1:4242")
+    acquire_lease(eng, "node1:4243", timeout_s=60, now=datetime.now(UTC) - timedelta(hours=1))
+    r = run(main, ["db", "downgrade", "0003", "--database-url", url])
+    assert r.exit_code == 0, r.output
+    assert run(main, ["db", "upgrade", "--database-url", url]).exit_code == 0
+    acquire_lease(eng, "node1:4244", timeout_s=60, now=datetime.now(UTC),
+                  dead_holder="node1:4243")
+    r = run(main, ["db", "downgrade", "base", "--force", "--database-url", url])
+    assert r.exit_code == 0 and "to base" in r.output
+    eng.dispose()
