@@ -41,11 +41,27 @@ def _config(ctx: click.Context) -> Config:
         _usage_error(f"--config: {exc}")
 
 
+_CONFIG_HELP = ("malleable's settings file (default $MALLEABLE_CONFIG or "
+                "/etc/malleable/malleable.toml); used for the poll interval and the "
+                "managed partitions.")
+
+
+def _config_option(fn):
+    """``--config`` on a subcommand too (``conf check --config X``, as every other
+    command takes it); it wins over the group's."""
+    def remember(ctx: click.Context, _param, value):
+        if value is not None:
+            ctx.ensure_object(dict)["config_path"] = value
+        return value
+
+    return click.option("--config", "sub_config_path", type=click.Path(dir_okay=False),
+                        default=None, expose_value=False, callback=remember,
+                        help=_CONFIG_HELP)(fn)
+
+
 @click.group("conf")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              help="malleable's settings file (default $MALLEABLE_CONFIG or "
-                   "/etc/malleable/malleable.toml); used for the poll interval and the "
-                   "managed partitions.")
+              help=_CONFIG_HELP)
 @click.pass_context
 def conf(ctx: click.Context, config_path: str | None) -> None:
     """Check Slurm's configuration for malleable, or print the lines to add."""
@@ -54,6 +70,7 @@ def conf(ctx: click.Context, config_path: str | None) -> None:
 
 
 @conf.command("check")
+@_config_option
 @click.option("--slurm-conf", "slurm_conf", default=None, metavar="PATH",
               help=f"slurm.conf to check (default $SLURM_CONF, else {DEFAULT_SLURM_CONF}).")
 @click.option("--gres-conf", "gres_conf", default=None, metavar="PATH",
@@ -100,6 +117,7 @@ def check(ctx: click.Context, slurm_conf: str | None, gres_conf: str | None,
 
 
 @conf.command("snippet")
+@_config_option
 @click.pass_context
 def snippet(ctx: click.Context) -> None:
     """Print the slurm.conf (and gres.conf) lines malleable needs, each with a comment."""

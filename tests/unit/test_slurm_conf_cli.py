@@ -120,6 +120,12 @@ def test_malleable_config_sets_the_poll_interval(tmp_path):
                                        write(tmp_path), "--no-controller"])
     assert result.exit_code == 0
     assert "WARNING [min-job-age]" in result.output and "MinJobAge=1200" in result.output
+    # The same after the subcommand, as every other command takes --config.
+    result = CliRunner().invoke(main, ["conf", "check", "--config", str(cfg), "--slurm-conf",
+                                       write(tmp_path), "--no-controller"])
+    assert result.exit_code == 0 and "MinJobAge=1200" in result.output
+    result = CliRunner().invoke(main, ["conf", "snippet", "--config", str(cfg)])
+    assert result.exit_code == 0 and "MinJobAge=1200" in result.output
 
 
 # The documented JSON schema (docs/conf-check.md), as key -> type(s).
