@@ -126,6 +126,8 @@ STATUS = _schema("malleable.status/1", "malleable status",
         "lease_timeout_s": _t("number", "`[daemon] lease_timeout_s`"),
     }),
     "policy": _ref("policy", "the active policy"),
+    "policy_problem": _null("string", "why the active policy is unusable (the daemon then "
+                            "falls back to `static`), as `policy show` says"),
     "paused": _t("boolean", "an operator paused the daemon (`malleable pause`)"),
     "last_decision": _obj("the latest decision (policy run)", {
         "id": _t("integer", "decision id"),

@@ -31,6 +31,7 @@ from malleable.db import store
 from malleable.db.models import FINISHED_STATES, Action, Job, Lease
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.output import (
+    BadInput,
     Failed,
     age_s,
     emit,
@@ -181,6 +182,14 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
         Job.malleable.is_(True), Job.state == "RUNNING"))
     rows = job_rows(s, jobs, targets, g)
     health = daemon_health(s, config, now)
+    policy = policy_doc(s, config)
+    from malleable.ops.policy import validate_policy  # (ops.policy imports this module)
+
+    try:
+        validate_policy(policy["name"], policy["params"])
+        policy_problem = None
+    except BadInput as exc:
+        policy_problem = str(exc)
     poll_age = age_s(last_poll, now)
     stale_after = poll_stale_after_s(config)
     return {
@@ -188,7 +197,8 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
         "generated_at": iso(now),
         "database": where,
         "daemon": health,
-        "policy": policy_doc(s, config),
+        "policy": policy,
+        "policy_problem": policy_problem,
         "paused": store.is_paused(s),
         "last_decision": None if decision is None else {
             "id": decision.id, "time": iso(decision.time), "age_s": age_s(decision.time, now),
@@ -239,6 +249,11 @@ def render_status(doc: dict) -> str:
     pol = p["name"] + (f" (= {p['resolved']})" if p["resolved"] != p["name"] else "")
     pol += f" {fmt_params(p['params'])}".rstrip() + f", set by {p['source']}"
     dec = doc["last_decision"]
+    if doc["policy_problem"]:
+        pol += f" -- PROBLEM: {doc['policy_problem']}; the daemon falls back to `static`"
+    elif dec is not None and dec["policy"] != p["resolved"]:
+        # A file edited but not reloaded, or a policy set since the latest decision.
+        pol += f" (the latest decision ran {dec['policy']})"
     mode = ("PAUSED: the daemon observes and plans but starts no action (malleable resume)"
             if doc["paused"] else "acting")
     if dec is not None and dec["dry_run"]:

@@ -500,3 +500,27 @@ def test_status_last_poll_is_the_daemon_s_recorded_poll(built, run):
     eng.dispose()
     doc = js(run("status", "--json"))
     assert doc["last_poll"] == later.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_status_flags_an_unusable_policy_and_a_decision_by_another(tmp_path, built, monkeypatch):
+    """`status` read the policy from the file and said nothing when it named no policy
+    (the daemon runs `static` then) or when the daemon's latest decision ran another."""
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+
+    def status(policy: str):
+        cfg = write_config(tmp_path / f"{policy}.toml", built.url, policy={"name": policy})
+        return CliRunner().invoke(main, ["status", "--config", str(cfg)], prog_name="malleable")
+
+    r = status("nosuch")
+    assert r.exit_code == 0
+    line = next(x for x in r.stdout.splitlines() if x.startswith("policy:"))
+    assert "PROBLEM: unknown policy 'nosuch'" in line and "falls back to `static`" in line
+    r = status("las")      # the store's latest decision was made by equi
+    line = next(x for x in r.stdout.splitlines() if x.startswith("policy:"))
+    assert "las" in line and "(the latest decision ran equi)" in line
+    r = status("equi")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("policy:"))
+    assert "latest decision ran" not in line and "PROBLEM" not in line
+    cfg = write_config(tmp_path / "j.toml", built.url, policy={"name": "nosuch"})
+    doc = check_schema(js(CliRunner().invoke(main, ["status", "--json", "--config", str(cfg)])))
+    assert doc["policy_problem"].startswith("unknown policy 'nosuch'")
