@@ -290,10 +290,18 @@ def engine_from_config(config: Config | DatabaseConfig, *, url: str | None = Non
         create: as in `make_engine`.
 
     Raises:
-        DatabaseUnavailable: as `make_engine`.
+        DatabaseUnavailable: as `make_engine`; or an in-memory SQLite URL: a state store
+            that vanishes when the process exits and that no other command can read (the
+            simulator opens its private in-memory store with `make_engine` itself).
     """
     db = config.database if isinstance(config, Config) else config
-    return make_engine(url or db.url, busy_timeout_ms=db.busy_timeout_ms, create=create)
+    target = url or db.url
+    u = make_url(target)
+    if u.get_backend_name() == "sqlite" and sqlite_path(u) is None:
+        raise DatabaseUnavailable(describe_url(u), "an in-memory SQLite database: the state "
+                                  "would vanish at exit and no other command could read it; "
+                                  "give a file, sqlite:////ABS/PATH.db")
+    return make_engine(target, busy_timeout_ms=db.busy_timeout_ms, create=create)
 
 
 def session_factory(engine: Engine, *, readonly: bool = False) -> sessionmaker[Session]:

@@ -7,9 +7,11 @@ import stat
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
+from malleable.cli import main
 from malleable.config import Config, DatabaseConfig
 from malleable.db.engine import (
     describe_url,
@@ -138,3 +140,14 @@ def test_utc_datetime_round_trip_and_naive_refused():
     assert to_micros(datetime(1970, 1, 1, tzinfo=UTC)) == 0
     with pytest.raises(ValueError, match="naive datetime"):
         to_micros(datetime(2026, 1, 1))
+
+
+def test_engine_from_config_refuses_an_in_memory_state_store(tmp_path):
+    # `db upgrade --database-url sqlite://` said "schema upgraded" of nothing; a daemon on
+    # it would lose its state at exit. The simulator uses make_engine("sqlite://") itself.
+    for url in ("sqlite://", "sqlite:///:memory:"):
+        with pytest.raises(DatabaseUnavailable, match="an in-memory SQLite database"):
+            engine_from_config(Config(database=DatabaseConfig(url=url)))
+    r = CliRunner().invoke(main, ["db", "upgrade", "--database-url", "sqlite://"])
+    assert r.exit_code == 2 and "an in-memory SQLite database" in r.output
+    make_engine("sqlite://").dispose()
