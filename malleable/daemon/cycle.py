@@ -245,6 +245,12 @@ class Daemon:
         finally:
             self._rpc_nodes += self.rpc_count() - rpc0
         self.nodes_at = now
+        wanted = set(self.config.slurm.partitions)
+        if wanted and not any(wanted & set(n.partitions) for n in self.nodes):
+            known = sorted({p for n in self.nodes for p in n.partitions})
+            log.warning("no node is in the managed partitions (slurm.partitions = %s; "
+                        "Slurm's: %s): no job is managed", sorted(wanted),
+                        ", ".join(known) or "none")
         return True
 
     def ingest(self, now: datetime) -> IngestReport:

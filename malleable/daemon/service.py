@@ -100,14 +100,19 @@ class Service:
         self.config = config
         self.options = options
         self.notifier = Notifier()
+        # The spool first: a bad one is refused before the database is created.
+        try:
+            problems = ensure_spool_dir(config.progress.spool_dir)
+        except OSError as exc:
+            raise ValueError(f"progress.spool_dir = {config.progress.spool_dir!r}: "
+                             f"{exc.strerror or exc}") from None
+        for p in problems:
+            log.warning("spool %s: %s", config.progress.spool_dir, p)
         self.engine = engine_from_config(config)
         schema.prepare_schema(self.engine)
         self.sessions = session_factory(self.engine)
         self.holder = default_holder()
         self.dry_run = bool(options.dry_run or config.daemon.dry_run)
-        problems = ensure_spool_dir(config.progress.spool_dir)
-        for p in problems:
-            log.warning("spool %s: %s", config.progress.spool_dir, p)
         self.daemon = Daemon(slurm=connect(config.slurm), sessions=self.sessions, clock=utcnow,
                              spool_dir=config.progress.spool_dir, config=config,
                              dry_run=self.dry_run)

@@ -147,3 +147,45 @@ def test_a_cycle_after_a_database_write_outage_gets_new_connections(service, tmp
     service._run(cycle, "poll")                    # the disk is back: this cycle writes
     with service.sessions() as s:
         assert store.get_setting(s, "test.tick") == "3"
+
+
+def test_a_spool_dir_that_is_a_file_is_refused_naming_the_setting(tmp_path, monkeypatch):
+    from malleable.config import load_config
+    from malleable.daemon.service import Service, ServiceOptions
+
+    monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+    path = _service_config(tmp_path, "equi", 30)
+    (tmp_path / "spool").rmdir()
+    (tmp_path / "spool").write_text("not a directory")
+    with pytest.raises(ValueError, match=r"progress.spool_dir = '.*spool': exists and is not "
+                                         r"a directory"):
+        Service(load_config(str(path)), ServiceOptions(config_path=str(path)))
+    assert not (tmp_path / "m.db").exists()     # refused before the database was created
+
+
+def test_managed_partitions_without_a_node_are_warned_about(tmp_path, caplog):
+    """`[slurm] partitions = ["nosuch"]` started a daemon that silently managed nothing."""
+    import logging
+    from datetime import UTC, datetime
+
+    from malleable.config import parse_config
+    from malleable.daemon.cycle import Daemon
+    from malleable.sim.engine import Engine
+    from malleable.sim.loop import open_state_store
+    from malleable.sim.slurm import SimSlurm
+
+    engine, sessions = open_state_store()
+    slurm = SimSlurm(Engine(), 2, 4)
+    for parts, warned in ((["nosuch"], True), ([slurm.partition], False), ([], False)):
+        config = parse_config({"slurm": {"partitions": parts}}, source="test")
+        d = Daemon(slurm=slurm, sessions=sessions, clock=lambda: datetime.now(UTC),
+                   spool_dir=str(tmp_path), config=config)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="malleable.daemon.cycle"):
+            assert d.refresh_nodes(datetime.now(UTC), force=True)
+        hit = [r.getMessage() for r in caplog.records if "managed partitions" in r.getMessage()]
+        assert bool(hit) == warned, (parts, hit)
+        if warned:
+            assert f"Slurm's: {slurm.partition}" in hit[0]
+    engine.dispose()
