@@ -123,6 +123,8 @@ class GittinsPolicy(Policy):
                     raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
             if self.window < 1:
                 raise ValueError(f"window must be >= 1, got {self.window}")
+            if self.min_history < 0:
+                raise ValueError(f"min_history must be >= 0, got {self.min_history}")
             if not self.level_ratio >= 1:
                 raise ValueError(f"level_ratio must be >= 1, got {self.level_ratio}")
 

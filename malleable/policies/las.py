@@ -47,6 +47,8 @@ class LasPolicy(Policy):
         def __post_init__(self) -> None:
             if any(b <= a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
                 raise ValueError(f"thresholds must increase, got {self.thresholds}")
+            if any(not t > 0 for t in self.thresholds):
+                raise ValueError(f"thresholds must be > 0 GPU-seconds, got {self.thresholds}")
             if self.starve_s <= 0:
                 raise ValueError(f"starve_s must be > 0, got {self.starve_s}")
 

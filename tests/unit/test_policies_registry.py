@@ -64,6 +64,8 @@ def test_unknown_policy_names_it_and_the_known_ones():
     ("pollux", {"p": float("-inf")}, ["pollux", "p = -inf", "expected finite numbers"]),
     ("pollux", {"p": float("nan")}, ["pollux", "p = nan", "expected finite numbers"]),
     ("las", {"thresholds": [float("nan")]}, ["las", "thresholds = [nan]", "finite numbers"]),
+    ("las", {"thresholds": [-5.0]}, ["las", "thresholds must be > 0 GPU-seconds"]),
+    ("gittins", {"min_history": -1}, ["gittins", "min_history must be >= 0, got -1"]),
 ])
 def test_bad_parameters_are_named(name, params, words):
     with pytest.raises(ValueError) as exc:
