@@ -33,7 +33,8 @@ def daemon(config_path: str | None, dry_run: bool, once: bool, log_level: str | 
     It polls Slurm, reads the malleable jobs' progress, runs the active policy and
     resizes jobs through Slurm. Under systemd (Type=notify) it reports readiness and
     pings the watchdog; SIGHUP reloads the configuration; SIGTERM stops it after the
-    step in progress.
+    step in progress. Its database is the configuration's [database] url, or
+    $MALLEABLE_DATABASE_URL when set (there is no --database-url option).
     """
     from malleable.daemon.metrics import exporter_from_config
     from malleable.daemon.service import ServiceOptions, check_policy, run_service

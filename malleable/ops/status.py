@@ -300,8 +300,10 @@ def status(config_path: str | None, database_url: str | None, as_json: bool,
     """Show the daemon's health, policy and the malleable jobs (read-only).
 
     Per job: state, GPUs now -> target, throughput, estimated time to finish at
-    the target and the latest action. Exit 0; with --check, exit 1 unless the
-    daemon is healthy.
+    the target and the latest action. The daemon is healthy (its lease's heartbeat
+    is within [daemon] lease_timeout_s), stale (older: it died or hangs) or absent
+    (no daemon holds the lease). Exit 0; with --check, exit 1 unless the daemon is
+    healthy and its polls of Slurm succeed.
     """
     config = effective_config(config_path, database_url)
     with open_store(config) as st, st.sessions() as s:
