@@ -273,7 +273,9 @@ def _fail(message: str, code: int) -> None:
 @click.option("--initial-gpus", type=click.IntRange(min=1), metavar="K",
               help="GPUs to start on (default: the minimum of the range).")
 @click.option("--config", "config_path", metavar="PATH", help="malleable.toml to use.")
-@click.option("--dry-run", is_flag=True, help="Print the request instead of submitting.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the sbatch command line (with its environment) instead of "
+                   "submitting.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True,
                 metavar="[SBATCH_OPTIONS]... SCRIPT")
 def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> None:
@@ -310,7 +312,12 @@ def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> No
     except SlurmError as exc:
         _fail(str(exc), 1)
     if dry_run:
-        click.echo(repr(request))
+        import shlex
+
+        from malleable.slurm.backend_cli import sbatch_argv
+
+        env = [f"{k}={v}" for k, v in request.env]
+        click.echo(shlex.join((["env", *env] if env else []) + sbatch_argv(request)))
         return
     try:
         job_id = client.submit(request)

@@ -84,6 +84,33 @@ def most_common_gpus(nodes: list[SlurmNode]) -> int:
     return max(counts, key=lambda g: (counts[g], g)) if counts else 0
 
 
+
+def sbatch_argv(request: SubmitRequest) -> list[str]:
+    """The ``sbatch --parsable ...`` command line of ``request`` (its ``env`` is passed
+    separately, as the command's environment).
+
+    Raises:
+        ValueError: a node or GPU count that is not a positive (GPUs: non-negative) integer.
+    """
+    nodes = check_count("nodes", request.nodes)
+    gpus = check_count("gpus_per_node", request.gpus_per_node, minimum=0)
+    argv = ["sbatch", "--parsable", f"--nodes={nodes}"]
+    if gpus:
+        argv.append(f"--gres=gpu:{gpus}")
+    argv.append("--requeue" if request.requeue else "--no-requeue")
+    if request.hold:
+        argv.append("--hold")
+    if request.open_mode_append:
+        argv.append("--open-mode=append")
+    for opt, value in (("--comment", request.comment), ("--job-name", request.name),
+                       ("--partition", request.partition), ("--output", request.output),
+                       ("--chdir", request.workdir)):
+        if value:
+            argv.append(f"{opt}={value}")
+    argv += list(request.extra_args)
+    argv.append(os.path.abspath(request.script))
+    return argv
+
 class CliSlurmClient:
     """`SlurmClient` over the Slurm command-line tools.
 
@@ -260,24 +287,8 @@ class CliSlurmClient:
         Not retried after a timeout (the job may exist already). Raises
         `SlurmRejected` with sbatch's message, `SlurmParseError` for odd output.
         """
-        nodes = check_count("nodes", request.nodes)
-        gpus = check_count("gpus_per_node", request.gpus_per_node, minimum=0)
-        argv = ["sbatch", "--parsable", f"--nodes={nodes}"]
-        if gpus:
-            argv.append(f"--gres=gpu:{gpus}")
-        argv.append("--requeue" if request.requeue else "--no-requeue")
-        if request.hold:
-            argv.append("--hold")
-        if request.open_mode_append:
-            argv.append("--open-mode=append")
-        for opt, value in (("--comment", request.comment), ("--job-name", request.name),
-                           ("--partition", request.partition), ("--output", request.output),
-                           ("--chdir", request.workdir)):
-            if value:
-                argv.append(f"{opt}={value}")
-        argv += list(request.extra_args)
-        argv.append(os.path.abspath(request.script))
-        res = self.runner.run(argv, idempotent=False, extra_env=dict(request.env))
+        res = self.runner.run(sbatch_argv(request), idempotent=False,
+                              extra_env=dict(request.env))
         first = res.stdout.strip().split(";")[0].strip()
         try:
             return check_job_id(first)

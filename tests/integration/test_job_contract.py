@@ -187,3 +187,23 @@ def test_submit_refused_by_slurm_exits_1_with_slurms_message(slurm, tmp_path):
     assert proc.returncode == 1
     lines_ = proc.stderr.strip().splitlines()
     assert len(lines_) == 1 and "partition" in lines_[0].lower(), proc.stderr
+
+
+def test_submit_dry_run_prints_the_sbatch_command_line(slurm, tmp_path):
+    """--dry-run printed a Python repr of the request; now the command it would run."""
+    import shlex
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "malleable"), "submit", "--dry-run", "--gpus",
+         "2-8", "--batch", "256", "--initial-gpus", "2", "--job-name=a b",
+         str(EXAMPLES / "emulated_job.sbatch")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    argv = shlex.split(proc.stdout)
+    start = argv.index("sbatch")
+    assert argv[:1] == ["env"] or start == 0
+    assert "--gres=gpu:2" in argv and "--requeue" in argv and "--job-name=a b" in argv
+    comment = next(a for a in argv if a.startswith("--comment="))
+    assert "malleable:" in comment and "gpus=2-8" in comment
+    assert argv[-1] == str(EXAMPLES / "emulated_job.sbatch")
+    assert "SubmitRequest(" not in proc.stdout
