@@ -31,9 +31,7 @@ and tests.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +52,7 @@ from malleable.db.errors import StoreError
 from malleable.db.lease import (
     LeaseLost,
     acquire_lease,
+    dead_local_holder,
     default_holder,
     heartbeat_lease,
     read_lease,
@@ -192,7 +191,7 @@ class Service:
         timeout = self.config.daemon.lease_timeout_s
         held = read_lease(self.engine)
         dead = None
-        if held.holder and held.holder != self.holder and _dead_local(held.holder):
+        if held.holder and held.holder != self.holder and dead_local_holder(held.holder):
             log.warning("the lease holder %s is no process of this host any more (a daemon "
                         "that was killed); taking the lease over", held.holder)
             dead = held.holder
@@ -341,20 +340,6 @@ class Service:
                  new.source, new.policy.name, new.daemon.poll_interval_s,
                  new.daemon.decide_interval_s)
         self.notifier.ready("configuration reloaded")
-
-
-def _dead_local(holder: str) -> bool:
-    """Whether a lease holder "host:pid" names this host and a pid that does not exist."""
-    host, _, pid = holder.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # exists, another user's
-        return False
-    return False
 
 
 def _with_database(new: Config, old: Config) -> Config:

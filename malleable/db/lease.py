@@ -78,6 +78,21 @@ def _ensure_row(conn: Connection) -> None:
         conn.execute(Lease.__table__.insert().values(id=LEASE_ID, holder=None))
 
 
+def dead_local_holder(holder: str) -> bool:
+    """Whether a lease holder "host:pid" names this host and a pid that does not exist
+    (a daemon killed without releasing its lease; its heartbeat is not stale yet)."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, another user's
+        return False
+    return False
+
+
 def read_lease(engine: Engine) -> LeaseInfo:
     """The lease as it is now (holder None: free).
 

@@ -334,7 +334,10 @@ def job() -> None:
 @handle_errors
 def show(job_id: str, config_path: str | None, database_url: str | None, as_json: bool,
          plot_path: str | None, gpus_per_node: int | None) -> None:
-    """Show job ID: spec, sizes, actions, progress and the fitted speedup curve (read-only)."""
+    """Show job ID: spec, sizes, actions, progress and the fitted speedup curve (read-only).
+
+    ID is the Slurm job id as squeue prints it (an array task as 123_4).
+    """
     config = effective_config(config_path, database_url)
     with open_store(config) as st, st.sessions() as s:
         doc, _ = build_job(s, job_id.strip(), datetime.now(UTC), gpus_per_node=gpus_per_node)

@@ -120,6 +120,8 @@ STATUS = _schema("malleable.status/1", "malleable status",
                                "hung); `absent`: no holder (no daemon running)",
                      enum=["healthy", "stale", "absent"]),
         "holder": _null("string", "the daemon holding the lease, \"host:pid\""),
+        "holder_gone": _t("boolean", "the holder names this host and a process that no "
+                          "longer exists (health is then `stale`)"),
         "acquired_at": _time("when it took the lease"),
         "heartbeat_at": _time("its last heartbeat"),
         "heartbeat_age_s": _null("number", "seconds since the last heartbeat"),

@@ -4,7 +4,8 @@ The header: the active policy (and whether an operator set it), pause state,
 the latest decision, the latest poll, GPUs held and targeted, and the
 daemon's health from its lease: *healthy* (a holder whose heartbeat is within
 ``[daemon] lease_timeout_s``), *stale* (a holder whose heartbeat is older: the
-daemon died or hangs) or *absent* (no holder: no daemon running). The table:
+daemon died or hangs; or a holder on this host whose process is gone) or
+*absent* (no holder: no daemon running). The table:
 per malleable job its state, GPUs now -> target (the latest decision's),
 throughput (samples/s over its latest progress lines), the estimated time to
 finish at the target (remaining work of its latest estimate over the fitted
@@ -28,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from malleable.config import Config
 from malleable.db import store
+from malleable.db.lease import dead_local_holder
 from malleable.db.models import FINISHED_STATES, Action, Job, Lease
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.output import (
@@ -78,13 +80,15 @@ def daemon_health(s: Session, config: Config, now: datetime) -> dict:
     beat = row.heartbeat_at if row is not None else None
     timeout = float(config.daemon.lease_timeout_s)
     age = age_s(beat, now)
+    gone = holder is not None and dead_local_holder(holder)
     if holder is None:
         health = "absent"
-    elif beat is None or age is None or age > timeout:
+    elif gone or beat is None or age is None or age > timeout:
         health = "stale"
     else:
         health = "healthy"
-    return {"health": health, "holder": holder, "acquired_at": iso(row.acquired_at if row else None),
+    return {"health": health, "holder": holder, "holder_gone": gone,
+            "acquired_at": iso(row.acquired_at if row else None),
             "heartbeat_at": iso(beat), "heartbeat_age_s": age, "lease_timeout_s": timeout}
 
 
@@ -244,7 +248,9 @@ def render_status(doc: dict) -> str:
     else:
         health = (f"{d['health']}: {d['holder']}, heartbeat "
                   f"{fmt_duration(d['heartbeat_age_s'])} ago (lease timeout "
-                  f"{fmt_duration(d['lease_timeout_s'])})")
+                  f"{fmt_duration(d['lease_timeout_s'])})"
+                  + ("; its process is gone (killed without releasing the lease)"
+                     if d["holder_gone"] else ""))
     p = doc["policy"]
     pol = p["name"] + (f" (= {p['resolved']})" if p["resolved"] != p["name"] else "")
     pol += f" {fmt_params(p['params'])}".rstrip() + f", set by {p['source']}"

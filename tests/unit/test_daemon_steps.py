@@ -13,9 +13,9 @@ import pytest
 
 from malleable.daemon.actions import ActionState, Call, Observation, Step, advance
 from malleable.daemon.reconcile import ActionKind
-from malleable.daemon.service import _dead_local
 from malleable.daemon.shapes import Shape
 from malleable.daemon.testhook import CrashPoints, crash_points_from_env
+from malleable.db.lease import dead_local_holder as _dead_local
 from malleable.slurm.records import JobState, SignalTarget, SlurmJob
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -524,3 +524,24 @@ def test_status_flags_an_unusable_policy_and_a_decision_by_another(tmp_path, bui
     cfg = write_config(tmp_path / "j.toml", built.url, policy={"name": "nosuch"})
     doc = check_schema(js(CliRunner().invoke(main, ["status", "--json", "--config", str(cfg)])))
     assert doc["policy_problem"].startswith("unknown policy 'nosuch'")
+
+
+def test_status_calls_a_lease_held_by_a_gone_local_process_stale(run, built):
+    """After `kill -9` status said healthy until the heartbeat aged past the lease timeout,
+    although the holder names this host and a pid that no longer exists."""
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    eng = make_engine(built.url)
+    now = datetime.now(UTC)
+    acquire_lease(eng, f"{socket.gethostname()}:{gone.pid}", timeout_s=300, now=now)
+    with session_factory(eng)() as s, s.begin():
+        store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
+    eng.dispose()
+    doc = check_schema(js(run("status", "--json")))
+    assert doc["daemon"]["health"] == "stale" and doc["daemon"]["holder_gone"] is True
+    r = run("status", "--check")
+    assert r.exit_code == 1 and "its process is gone" in r.stdout
