@@ -33,7 +33,6 @@ from malleable.db.lease import dead_local_holder
 from malleable.db.models import FINISHED_STATES, Action, Job, Lease
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.output import (
-    BadInput,
     Failed,
     age_s,
     emit,
@@ -55,7 +54,7 @@ from malleable.ops.views import (
     remaining_time,
     resolve_gpus_per_node,
 )
-from malleable.policies.registry import DEFAULT
+from malleable.policies.registry import DEFAULT, get_policy
 
 SCHEMA = "malleable.status/1"
 
@@ -187,12 +186,10 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
     rows = job_rows(s, jobs, targets, g)
     health = daemon_health(s, config, now)
     policy = policy_doc(s, config)
-    from malleable.ops.policy import validate_policy  # (ops.policy imports this module)
-
-    try:
-        validate_policy(policy["name"], policy["params"])
+    try:   # the registry's check, as `policy show` (validate_policy) and the daemon use it
+        get_policy(policy["name"], **policy["params"])
         policy_problem = None
-    except BadInput as exc:
+    except ValueError as exc:
         policy_problem = str(exc)
     poll_age = age_s(last_poll, now)
     stale_after = poll_stale_after_s(config)

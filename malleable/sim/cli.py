@@ -155,9 +155,10 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     paths = _expand(_split(workloads))
     if not paths:
         raise _fail("--workload: give at least one trace file")
-    if any(not v.strip() for value in policies for v in value.split(",")) and _split(policies):
+    named = [v.strip() for value in policies for v in value.split(",")]
+    pols = [v for v in named if v]
+    if pols and len(pols) < len(named):
         raise _fail(f"--policy {','.join(policies)!r}: an empty name between commas")
-    pols = _split(policies)
     if not pols:
         raise _fail("--policy: give at least one policy")
     twice = sorted({p for p in pols if pols.count(p) > 1})
@@ -220,21 +221,17 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     try:
         results = sweep.run_sweep(specs, jobs=n_jobs or sweep.default_workers(len(specs)),
                                   progress=progress)
-    except (ValueError, OSError) as exc:
+    except Exception as exc:
         if bar is not None:
             bar.close()
-        if _interrupted(exc):
-            raise click.Abort() from None
-        click.echo(f"malleable simulate: error: a run failed: {exc}", err=True)
-        raise click.exceptions.Exit(1) from None
-    except Exception as exc:
         # Ctrl-C inside the state store's commit can surface as the store's error on the
         # way out ("This transaction is closed"): still an interruption, not a failure.
         if _interrupted(exc):
-            if bar is not None:
-                bar.close()
             raise click.Abort() from None
-        raise
+        if not isinstance(exc, ValueError | OSError):
+            raise
+        click.echo(f"malleable simulate: error: a run failed: {exc}", err=True)
+        raise click.exceptions.Exit(1) from None
     if bar is not None:
         bar.close()
     for r in results:

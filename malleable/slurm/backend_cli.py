@@ -84,7 +84,6 @@ def most_common_gpus(nodes: list[SlurmNode]) -> int:
     return max(counts, key=lambda g: (counts[g], g)) if counts else 0
 
 
-
 def sbatch_argv(request: SubmitRequest) -> list[str]:
     """The ``sbatch --parsable ...`` command line of ``request`` (its ``env`` is passed
     separately, as the command's environment).
@@ -110,6 +109,7 @@ def sbatch_argv(request: SubmitRequest) -> list[str]:
     argv += list(request.extra_args)
     argv.append(os.path.abspath(request.script))
     return argv
+
 
 class CliSlurmClient:
     """`SlurmClient` over the Slurm command-line tools.
