@@ -176,6 +176,7 @@ class Daemon:
         self.observed: dict[str, SlurmJob] = {}
         self.poll_ok = False
         self.poll_incomplete = False
+        self.paused = False  # the operator's pause, as the last successful poll read it
         self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
@@ -192,7 +193,8 @@ class Daemon:
         return int(getattr(self.slurm, "rpc_count", 0))
 
     def poll(self, now: datetime) -> bool:
-        """One ``jobs()`` RPC; store jobs and events. False if Slurm did not answer."""
+        """One ``jobs()`` RPC; store jobs and events, and read the operator's pause
+        into ``paused`` (same transaction). False if Slurm did not answer."""
         rpc0 = self.rpc_count()
         try:
             jobs = self.slurm.jobs()
@@ -214,6 +216,8 @@ class Daemon:
             else:
                 self._mark_vanished(s, list(upserted.unlisted.values()), now)
             store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
+            # Read with the poll (one transaction less per cycle than a read of its own).
+            self.paused = store.is_paused(s)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
         self.poll_incomplete = bool(skipped)
@@ -522,22 +526,24 @@ class Daemon:
     def poll_cycle(self) -> CycleReport:
         """Poll, ingest, advance in-flight actions."""
         report, now, t0, rpc0 = self._begin("poll")
-        report.paused = self._paused()
         if self.poll(now):
+            report.paused = self.paused
             report.jobs = len(self.observed)
             report.ingest = self.ingest(now)
             report.drive = self.drive(now, report.paused)
         else:
+            report.paused = self._paused()
             report.slurm_unavailable = True
         return self._end(report, t0, rpc0)
 
     def decide_cycle(self) -> CycleReport:
         """Poll, ingest, advance actions, decide, reconcile, act."""
         report, now, t0, rpc0 = self._begin("decide")
-        report.paused = self._paused()
         if not self.poll(now):
+            report.paused = self._paused()
             report.slurm_unavailable = True
             return self._end(report, t0, rpc0)
+        report.paused = self.paused
         report.jobs = len(self.observed)
         report.ingest = self.ingest(now)
         report.drive = self.drive(now, report.paused)

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import Engine as StoreEngine
 
 from malleable.config import Config
 from malleable.daemon.cycle import Daemon
@@ -354,7 +355,7 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
 
         def idle() -> bool:
             if idle_at[0] != engine.now:
-                idle_at[:] = [engine.now, _idle(sessions)]
+                idle_at[:] = [engine.now, _idle(db_engine)]
             return idle_at[1]
 
         def poll() -> None:
@@ -429,10 +430,12 @@ _IDLE = select(select(Action.id).where(Action.finished_at.is_(None)).exists(),
                select(Setting.value).where(Setting.key == store.PAUSED_KEY).scalar_subquery())
 
 
-def _idle(sessions) -> bool:
-    """No action in flight and not paused: a poll cycle would only poll and ingest."""
-    with sessions() as s:
-        busy, paused = store.run_core(s, _IDLE).one()
+def _idle(db_engine: StoreEngine) -> bool:
+    """No action in flight and not paused: a poll cycle would only poll and ingest.
+
+    One read on a plain connection (no ORM session: this runs at most instants)."""
+    with db_engine.connect() as c:
+        busy, paused = c.execute(_IDLE).one()
         return not busy and not paused
 
 
