@@ -625,6 +625,15 @@ class SimSlurm:
         return len(self._active)
 
     @property
+    def ended_jobs(self) -> int:
+        """Jobs submitted so far that have ended (any final state), in O(1).
+
+        Every submitted job is either active (pending or running) or has ended,
+        and a requeued finished job is active again, so this is the count of
+        `accounting` entries with an end time."""
+        return len(self._jobs) - len(self._active)
+
+    @property
     def used_gpus(self) -> int:
         """GPUs allocated now."""
         return self._used

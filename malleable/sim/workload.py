@@ -169,7 +169,7 @@ class Replay:
     @property
     def finished(self) -> int:
         """Jobs that ended (any final state)."""
-        return sum(1 for a in self.slurm.accounting() if a.ended is not None)
+        return self.slurm.ended_jobs
 
     def all_done(self) -> bool:
         """True when every job was submitted and has ended."""

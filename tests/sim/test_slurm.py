@@ -481,3 +481,28 @@ def test_unchanged_since_tells_whether_a_poll_would_return_the_same_records(sim)
     assert s.unchanged_since(seen)
     eng.run(until=30.0 + 301.0)
     assert not s.unchanged_since(seen)                  # forgotten after MinJobAge
+
+
+def test_ended_jobs_counts_the_accounting_entries_with_an_end_time(sim):
+    """`ended_jobs` (O(1), used for the progress bar) agrees with `accounting` through
+    completion, cancellation, a requeue of a running job and of a finished one."""
+    eng, s = sim
+
+    def ended() -> int:
+        return sum(1 for a in s.accounting() if a.ended is not None)
+
+    progs = [Recorder() for _ in range(4)]
+    ids = [s.submit_sim(req(1, 4, requeue=True), p) for p in progs]
+    eng.run(until=5.0)
+    assert s.ended_jobs == ended() == 0
+    progs[0].run.exit(JobState.COMPLETED)
+    s.cancel(ids[1])
+    eng.run(until=10.0)
+    assert s.ended_jobs == ended() == 2
+    s.requeue_hold(ids[2])     # running -> pending: still active
+    s.requeue_hold(ids[0])     # completed -> pending: active again
+    assert s.ended_jobs == ended() == 1
+    eng.run(until=1000.0)
+    progs[3].run.exit(JobState.FAILED)
+    eng.run(until=1001.0)
+    assert s.ended_jobs == ended() == 2
