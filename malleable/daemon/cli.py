@@ -25,8 +25,9 @@ from malleable.slurm.client import SlurmError
 @click.option("--dry-run", is_flag=True, help="Plan and log actions; change nothing in Slurm.")
 @click.option("--once", is_flag=True, help="Run one full cycle (poll, ingest, decide, apply) "
                                            "and exit.")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
-              default=None, help="Override daemon.log_level.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                              case_sensitive=False),
+              default=None, help="Override daemon.log_level (any case).")
 def daemon(config_path: str | None, dry_run: bool, once: bool, log_level: str | None) -> None:
     """Run the malleable daemon in the foreground.
 
