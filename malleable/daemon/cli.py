@@ -2,8 +2,10 @@
 
 Exit codes: 0 stopped cleanly (SIGTERM) or ``--once`` done; 2 it could not
 start: a bad configuration, an unusable database, a schema older or newer than
-this malleable's, or another daemon holding the lease (one line on stderr
-naming the cause, no traceback).
+this malleable's, another daemon holding the lease, or a ``[metrics] address``
+it cannot listen on, e.g. a port in use (the lease is taken first, so that a
+second daemon names the holder, and given back; one line on stderr naming the
+cause, no traceback).
 """
 
 from __future__ import annotations
