@@ -66,7 +66,10 @@ def _bounds_text(md: dict) -> str:
 def _f(default: Any, doc: str, *, gt: float | None = None, ge: float | None = None,
        le: float | None = None, note: str = "", **kw: Any) -> Any:
     """A field with its doc; numeric bounds ``gt``/``ge``/``le`` are checked by `load_config`
-    and appended to the doc ("; > 0 and <= 86400 (1 day)", ``note`` in parentheses)."""
+    and appended to the doc ("; > 0 and <= 86400 (1 day)", ``note`` in parentheses).
+    ``**kw`` goes to the metadata: ``choices`` (the allowed values), ``normalise`` (applied
+    to a value of the right type before the choices are checked, e.g. ``str.upper``) and
+    ``check`` (``(key, value) -> value``, raising `ConfigError`)."""
     md = {k: v for k, v in (("gt", gt), ("ge", ge), ("le", le)) if v is not None}
     if md:
         doc = f"{doc}; {_bounds_text(md)}" + (f" ({note})" if note else "")
@@ -215,7 +218,8 @@ class DaemonConfig:
                                   "(doubles each time)", gt=0, le=DAY_S, note="1 day")
     dry_run: bool = _f(False, "plan and log actions but change nothing in Slurm")
     log_level: str = _f("INFO", "DEBUG | INFO | WARNING | ERROR",
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"), normalise=str.upper,
+                        note="any case, read as upper case")
 
 
 @dataclass(frozen=True)
@@ -299,9 +303,12 @@ def _check_value(key: str, value: Any, f: dataclasses.Field, tp: Any) -> Any:
         raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}, "
                           f"got {_type_name(type(value))}")
     md = f.metadata
+    normalise: Callable[[Any], Any] | None = md.get("normalise")
+    if normalise is not None:   # e.g. a log level in any case: compared in upper case
+        value = normalise(value)
     choices = md.get("choices")
     if choices and value not in choices:
-        raise ConfigError(f"{key} = {value!r}: expected one of {', '.join(choices)}")
+        raise ConfigError(f"{key} = {shown!r}: expected one of {', '.join(choices)}")
     if tp in (int, float):
         what = "an integer" if tp is int else "a number"
         if tp is float and not math.isfinite(value):

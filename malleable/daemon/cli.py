@@ -2,8 +2,10 @@
 
 Exit codes: 0 stopped cleanly (SIGTERM) or ``--once`` done; 2 it could not
 start: a bad configuration, an unusable database, a schema older or newer than
-this malleable's, or another daemon holding the lease (one line on stderr
-naming the cause, no traceback).
+this malleable's, another daemon holding the lease, or a ``[metrics] address``
+it cannot listen on, e.g. a port in use (the lease is taken first, so that a
+second daemon names the holder, and given back; one line on stderr naming the
+cause, no traceback).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from malleable.slurm.client import SlurmError
 @click.option("--dry-run", is_flag=True, help="Plan and log actions; change nothing in Slurm.")
 @click.option("--once", is_flag=True, help="Run one full cycle (poll, ingest, decide, apply) "
                                            "and exit.")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
-              default=None, help="Override daemon.log_level.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                              case_sensitive=False),
+              default=None, help="Override daemon.log_level (any case).")
 def daemon(config_path: str | None, dry_run: bool, once: bool, log_level: str | None) -> None:
     """Run the malleable daemon in the foreground.
 

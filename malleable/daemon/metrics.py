@@ -44,6 +44,7 @@ and actions that finished before it started are not counted.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from datetime import UTC, datetime
@@ -80,6 +81,27 @@ def parse_address(address: str) -> tuple[str, int]:
             key and value).
     """
     return parse_metrics_address(address)
+
+
+class MetricsAddressError(OSError):
+    """``[metrics] address`` cannot be listened on (the port is in use, a privileged port,
+    an address of no interface of this host). ``errno`` is the bind's; ``str()`` is the
+    message alone, without "[Errno N]"."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _bind_problem(exc: OSError, port: int) -> str:
+    """Why binding ``port`` failed, in words an operator can act on."""
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} is already in use by another process (stop it, or set "
+                f"another port in [metrics] address)")
+    if exc.errno == errno.EACCES:
+        return f"permission denied for port {port} (ports below 1024 need root)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"no interface of this host has that address (port {port})"
+    return f"{exc.strerror or exc} (port {port})"
 
 
 class Exporter:
@@ -172,14 +194,17 @@ class Exporter:
 
         Raises:
             ValueError: a malformed address.
-            OSError: the address cannot be bound (message names it).
+            MetricsAddressError: (an OSError) the address cannot be bound; the message
+                names ``metrics.address``, its value and the port, e.g. "metrics.address =
+                '127.0.0.1:9464': cannot listen: port 9464 is already in use by another
+                process (...)".
         """
         host, port = parse_address(address)
         try:
             self.server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
-            raise OSError(exc.errno, f"metrics.address = {address!r}: cannot listen: "
-                                     f"{exc.strerror or exc}") from None
+            raise MetricsAddressError(exc.errno, f"metrics.address = {address!r}: cannot "
+                                                 f"listen: {_bind_problem(exc, port)}") from None
         self.up.set(1)
         log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
         return host, port
@@ -300,7 +325,8 @@ def exporter_from_config(config: Config) -> Exporter | None:
 
     Raises:
         ValueError: a malformed ``metrics.address``.
-        OSError: the address cannot be bound (e.g. the port is in use).
+        MetricsAddressError: (an OSError) the address cannot be bound (e.g. the port is in
+            use); the message names the key, its value and the port.
     """
     if not config.metrics.address:
         return None

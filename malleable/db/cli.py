@@ -115,22 +115,22 @@ def current(engine: Engine) -> None:
 
 
 def _live_holder(engine: Engine, timeout_s: float) -> str | None:
-    """The daemon holding the lease with a heartbeat within ``timeout_s`` (None: no live
-    daemon, or no lease table to read)."""
+    """The daemon holding the lease if it is live by `malleable.db.lease.lease_health`
+    (heartbeat within the larger of ``timeout_s`` and the holder's own timeout, seconds;
+    not a gone process of this host), as "host:pid (heartbeat N s ago)". None: no live
+    daemon, or no lease table to read."""
     from datetime import UTC, datetime
 
     from sqlalchemy.exc import DBAPIError
 
-    from malleable.db.lease import read_lease
+    from malleable.db.lease import lease_health, read_lease
 
     try:
         lease = read_lease(engine)
     except (StoreError, DBAPIError):   # an empty or older schema: no lease to honour
         return None
-    if lease.holder is None or lease.heartbeat_at is None:
-        return None
-    age = (datetime.now(UTC) - lease.heartbeat_at).total_seconds()
-    return f"{lease.holder} (heartbeat {age:.0f} s ago)" if age <= timeout_s else None
+    h = lease_health(lease, datetime.now(UTC), timeout_s)
+    return f"{h.holder} (heartbeat {h.heartbeat_age_s:.0f} s ago)" if h.live else None
 
 
 @db.command()
@@ -143,8 +143,8 @@ def downgrade(engine: Engine, rev: str, force: bool) -> None:
     """Downgrade the schema to REV ("base": drop every table). Destroys data of newer tables.
 
     Stop the daemon first (systemctl stop malleable): the command refuses while a
-    daemon holds the lease with a heartbeat within [daemon] lease_timeout_s,
-    unless --force.
+    daemon holds the lease with a heartbeat within [daemon] lease_timeout_s (or the
+    holder's own, if larger), unless --force.
     """
     ctx = click.get_current_context()
     if not force:

@@ -117,7 +117,8 @@ STATUS = _schema("malleable.status/1", "malleable status",
     "daemon": _obj("the daemon's health, from its lease", {
         "health": _t("string", "`healthy`: a holder whose heartbeat is within the lease "
                                "timeout; `stale`: a holder whose heartbeat is older (dead or "
-                               "hung); `absent`: no holder (no daemon running)",
+                               "hung) or whose process on this host is gone; `absent`: no "
+                               "holder (no daemon running)",
                      enum=["healthy", "stale", "absent"]),
         "holder": _null("string", "the daemon holding the lease, \"host:pid\""),
         "holder_gone": _t("boolean", "the holder names this host and a process that no "
@@ -125,7 +126,8 @@ STATUS = _schema("malleable.status/1", "malleable status",
         "acquired_at": _time("when it took the lease"),
         "heartbeat_at": _time("its last heartbeat"),
         "heartbeat_age_s": _null("number", "seconds since the last heartbeat"),
-        "lease_timeout_s": _t("number", "`[daemon] lease_timeout_s`"),
+        "lease_timeout_s": _t("number", "the lease timeout applied, seconds: the larger of "
+                              "`[daemon] lease_timeout_s` and the holder's own"),
     }),
     "policy": _ref("policy", "the active policy"),
     "policy_problem": _null("string", "why the active policy is unusable (the daemon then "

@@ -2,10 +2,12 @@
 
 The header: the active policy (and whether an operator set it), pause state,
 the latest decision, the latest poll, GPUs held and targeted, and the
-daemon's health from its lease: *healthy* (a holder whose heartbeat is within
-``[daemon] lease_timeout_s``), *stale* (a holder whose heartbeat is older: the
-daemon died or hangs; or a holder on this host whose process is gone) or
-*absent* (no holder: no daemon running). The table:
+daemon's health from its lease, by the rule a daemon applies before taking
+the lease over (`malleable.db.lease.lease_health`): *healthy* (a holder whose
+heartbeat is within the lease timeout: the larger of ``[daemon]
+lease_timeout_s`` and the holder's own), *stale* (a holder whose heartbeat is
+older: the daemon died or hangs; or a holder on this host whose process is
+gone) or *absent* (no holder: no daemon running). The table:
 per malleable job its state, GPUs now -> target (the latest decision's),
 throughput (samples/s over its latest progress lines), the estimated time to
 finish at the target (remaining work of its latest estimate over the fitted
@@ -29,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from malleable.config import Config
 from malleable.db import store
-from malleable.db.lease import dead_local_holder
+from malleable.db.lease import LEASE_ID, LeaseInfo, lease_health
 from malleable.db.models import FINISHED_STATES, Action, Job, Lease
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.output import (
@@ -73,22 +75,15 @@ def slurm_reason(reason: str | None) -> str | None:
 
 
 def daemon_health(s: Session, config: Config, now: datetime) -> dict:
-    """The daemon's health from the lease row (see the module docstring)."""
-    row = s.scalars(select(Lease).where(Lease.id == 1)).first()
-    holder = row.holder if row is not None else None
-    beat = row.heartbeat_at if row is not None else None
-    timeout = float(config.daemon.lease_timeout_s)
-    age = age_s(beat, now)
-    gone = holder is not None and dead_local_holder(holder)
-    if holder is None:
-        health = "absent"
-    elif gone or beat is None or age is None or age > timeout:
-        health = "stale"
-    else:
-        health = "healthy"
-    return {"health": health, "holder": holder, "holder_gone": gone,
-            "acquired_at": iso(row.acquired_at if row else None),
-            "heartbeat_at": iso(beat), "heartbeat_age_s": age, "lease_timeout_s": timeout}
+    """The daemon's health from the lease row, by `malleable.db.lease.lease_health` (see
+    the module docstring); ``lease_timeout_s`` is the timeout it applied, seconds."""
+    row = s.scalars(select(Lease).where(Lease.id == LEASE_ID)).first()
+    h = lease_health(LeaseInfo.of(row), now, config.daemon.lease_timeout_s)
+    age = h.heartbeat_age_s
+    return {"health": h.state, "holder": h.holder, "holder_gone": h.holder_gone,
+            "acquired_at": iso(h.acquired_at), "heartbeat_at": iso(h.heartbeat_at),
+            "heartbeat_age_s": None if age is None else round(age, 1),
+            "lease_timeout_s": h.timeout_s}
 
 
 def poll_stale_after_s(config: Config) -> float:
@@ -304,7 +299,8 @@ def status(config_path: str | None, database_url: str | None, as_json: bool,
 
     Per job: state, GPUs now -> target, throughput, estimated time to finish at
     the target and the latest action. The daemon is healthy (its lease's heartbeat
-    is within [daemon] lease_timeout_s), stale (older: it died or hangs) or absent
+    is within the larger of [daemon] lease_timeout_s and the holder's own), stale
+    (older, or its process on this host is gone: it died or hangs) or absent
     (no daemon holds the lease). Exit 0; with --check, exit 1 unless the daemon is
     healthy and its polls of Slurm succeed.
     """

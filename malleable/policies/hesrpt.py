@@ -98,11 +98,14 @@ class HesrptPolicy(Policy):
     class Params:
         p: float | None = None  # speedup exponent; None = median of per-job fits
         p_from: Literal["goodput", "samples"] = "goodput"  # per-job fit used when p is None
-        risk: float = 0.0       # size = (mean + risk x std of remaining work) / goodput(1)
+        risk: float = 0.0       # size = (mean + risk x std of remaining work) / goodput(1); >= 0
 
         def __post_init__(self) -> None:
             if self.p is not None and not 0.0 < self.p < 1.0:
                 raise ValueError(f"p must be in (0, 1), got {self.p}")
+            if not self.risk >= 0:
+                raise ValueError(f"risk must be >= 0 (standard deviations added to the "
+                                 f"remaining work), got {self.risk}")
 
     def model(self, jobs: JobSet, capacity: Capacity) -> tuple[np.ndarray, np.ndarray, float]:
         """The continuous heSRPT answer before rounding.

@@ -45,6 +45,10 @@ class LasPolicy(Policy):
         starve_s: float = 3600.0   # a pending job waiting this long is served first
 
         def __post_init__(self) -> None:
+            if not self.thresholds and not self.continuous:
+                raise ValueError("thresholds must not be empty, got []: one queue ranks jobs "
+                                 "by submit order alone, ignoring attained service (for plain "
+                                 "LAS set continuous = true; for FIFO use the policy fifo)")
             if any(b <= a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
                 raise ValueError(f"thresholds must increase, got {self.thresholds}")
             if any(not t > 0 for t in self.thresholds):

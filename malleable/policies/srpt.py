@@ -29,7 +29,12 @@ class SrptPolicy(Policy):
 
     @dataclass(frozen=True)
     class Params:
-        risk: float = 0.0  # remaining work used = mean + risk x std
+        risk: float = 0.0  # remaining work used = mean + risk x std; >= 0
+
+        def __post_init__(self) -> None:
+            if not self.risk >= 0:
+                raise ValueError(f"risk must be >= 0 (standard deviations added to the "
+                                 f"remaining work), got {self.risk}")
 
     def decide(self, jobs: JobSet, capacity: Capacity, ctx: Context) -> Allocation:
         t = jobs.table

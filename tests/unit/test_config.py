@@ -31,6 +31,21 @@ def test_env_overrides_database_url(tmp_path):
     assert cfg.database.url == "sqlite:////tmp/b.db"
 
 
+@pytest.mark.parametrize("written", ["info", "Info", "INFO", "warning", "Debug"])
+def test_log_level_in_any_case_is_read_as_upper_case(tmp_path, written):
+    p = tmp_path / "m.toml"
+    p.write_text(f'[daemon]\nlog_level = "{written}"\n')
+    assert load_config(p, env={}).daemon.log_level == written.upper()
+
+
+def test_an_unknown_log_level_in_lower_case_names_the_key_and_the_value_as_written(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('[daemon]\nlog_level = "loud"\n')
+    with pytest.raises(ConfigError, match=r"^daemon\.log_level = 'loud': expected one of "
+                                          r"DEBUG, INFO, WARNING, ERROR$"):
+        load_config(p, env={})
+
+
 @pytest.mark.parametrize("text,words", [
     ('[daemon]\npoll_interval_s = "fast"\n', ["daemon.poll_interval_s", "'fast'", "expected number"]),
     ('[daemon]\ndry_run = 1\n', ["daemon.dry_run", "expected boolean"]),

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import delete
 
+from malleable.config import Config
 from malleable.db import schema
-from malleable.db.engine import make_engine
+from malleable.db.cli import _live_holder
+from malleable.db.engine import make_engine, session_factory
 from malleable.db.errors import LeaseHeld, LeaseLost
 from malleable.db.lease import (
+    LeaseInfo,
     acquire_lease,
     default_holder,
     heartbeat_lease,
+    lease_health,
     read_lease,
     release_lease,
 )
 from malleable.db.models import Lease
+from malleable.ops.status import daemon_health
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TIMEOUT = 300.0
@@ -116,3 +124,65 @@ def test_missing_row_is_recreated(engine):
         conn.execute(delete(Lease))
     assert read_lease(engine).holder is None
     assert acquire_lease(engine, "a:1", timeout_s=TIMEOUT, now=T0).holder == "a:1"
+
+
+def test_lease_health_applies_the_larger_timeout_and_a_gone_local_holder():
+    """One rule: live = heartbeat age <= max(caller's timeout, holder's stored timeout)
+    and the holder is not a process of this host that no longer exists."""
+    lease = LeaseInfo("a:1", T0, T0, 300.0)
+    h = lease_health(lease, T0 + timedelta(seconds=61), 60.0)
+    assert (h.state, h.holder, h.heartbeat_age_s, h.timeout_s, h.holder_gone) == \
+        ("healthy", "a:1", 61.0, 300.0, False)
+    assert lease_health(lease, T0 + timedelta(seconds=300), 60.0).live      # <= is live
+    assert lease_health(lease, T0 + timedelta(seconds=301), 60.0).state == "stale"
+    assert lease_health(lease, T0 + timedelta(seconds=301), 600.0).timeout_s == 600.0
+    assert lease_health(lease, T0 + timedelta(seconds=301), 600.0).live
+    # Taken before revision 0003 (no stored timeout): the caller's alone.
+    assert lease_health(LeaseInfo("a:1", T0, T0), T0 + timedelta(seconds=61), 60.0).state \
+        == "stale"
+    assert lease_health(LeaseInfo("a:1", T0, None, 300.0), T0, 60.0).state == "stale"
+    free = lease_health(LeaseInfo(None, None, None), T0, 60.0)
+    assert (free.state, free.holder, free.heartbeat_age_s, free.live) == \
+        ("absent", None, None, False)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    h = lease_health(LeaseInfo(f"{socket.gethostname()}:{gone.pid}", T0, T0, 300.0), T0, 60.0)
+    assert (h.state, h.holder_gone) == ("stale", True)
+
+
+@pytest.mark.parametrize("stored, caller, age, live", [
+    (300.0, 60.0, 120.0, True),     # the holder's own timeout protects it
+    (60.0, 300.0, 120.0, True),     # so does the caller's, if larger
+    (60.0, 60.0, 120.0, False),
+    (300.0, 300.0, 400.0, False),
+])
+def test_acquire_status_and_downgrade_judge_the_lease_alike(engine, stored, caller, age, live):
+    """The three copies of the rule disagreed: `malleable status` used the configured
+    timeout only, so it called a lease stale that no daemon could take over, and
+    `db downgrade` the configured one without the gone-holder check."""
+    now = datetime.now(UTC)
+    acquire_lease(engine, "a:1", timeout_s=stored, now=now - timedelta(seconds=age))
+    config = replace(Config(), daemon=replace(Config().daemon, lease_timeout_s=caller))
+    with session_factory(engine)() as s:
+        health = daemon_health(s, config, now)
+    assert health["health"] == ("healthy" if live else "stale")
+    assert health["lease_timeout_s"] == max(stored, caller)
+    assert (_live_holder(engine, caller) is not None) == live
+    if live:
+        with pytest.raises(LeaseHeld):
+            acquire_lease(engine, "b:2", timeout_s=caller, now=now)
+    else:
+        assert acquire_lease(engine, "b:2", timeout_s=caller, now=now).holder == "b:2"
+
+
+def test_a_gone_local_holder_is_stale_for_acquire_status_and_downgrade(engine):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = f"{socket.gethostname()}:{gone.pid}"
+    now = datetime.now(UTC)
+    acquire_lease(engine, dead, timeout_s=TIMEOUT, now=now)
+    with session_factory(engine)() as s:
+        health = daemon_health(s, Config(), now)
+    assert (health["health"], health["holder_gone"]) == ("stale", True)
+    assert _live_holder(engine, TIMEOUT) is None
+    assert acquire_lease(engine, "b:2", timeout_s=TIMEOUT, now=now).holder == "b:2"

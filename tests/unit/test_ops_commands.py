@@ -159,9 +159,12 @@ def test_daemon_health_from_the_lease(built, cfg):
             return build_status(s, config, now, where=st.where)["daemon"]
 
     d = health(NOW)
+    # The holder took the lease with its own 300 s: that, not the reader's 60 s, applies
+    # (a daemon with this configuration could not take the lease over either).
     assert (d["health"], d["holder"], d["heartbeat_age_s"], d["lease_timeout_s"]) == \
-        ("healthy", "testhost:4242", 5.0, 60.0)
-    assert health(NOW + timedelta(seconds=56))["health"] == "stale"
+        ("healthy", "testhost:4242", 5.0, 300.0)
+    assert health(NOW + timedelta(seconds=56))["health"] == "healthy"
+    assert health(NOW + timedelta(seconds=296))["health"] == "stale"
     eng = make_engine(built.url)
     release_lease(eng, "testhost:4242")
     eng.dispose()

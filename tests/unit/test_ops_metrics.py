@@ -6,6 +6,7 @@ The exporter inside a running daemon is scraped in tests/integration/test_ops_da
 
 from __future__ import annotations
 
+import errno
 import socket
 import urllib.request
 from datetime import timedelta
@@ -122,8 +123,10 @@ def test_endpoint_serves_its_own_registry(setup):
         assert "malleable_up 1.0" in text and 'malleable_build_info{version="' in text
         assert "python_gc_objects_collected_total" not in text   # not the global registry
         assert REGISTRY.get_sample_value("malleable_up") is None
-        with pytest.raises(OSError, match=f"metrics.address = '127.0.0.1:{port}': cannot listen"):
+        with pytest.raises(OSError, match=f"metrics.address = '127.0.0.1:{port}': cannot "
+                                          f"listen: port {port} is already in use") as ei:
             exporter_from_config(cfg)
+        assert ei.value.errno == errno.EADDRINUSE and "[Errno" not in str(ei.value)
     finally:
         exp.close()
 

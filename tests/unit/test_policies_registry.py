@@ -66,6 +66,10 @@ def test_unknown_policy_names_it_and_the_known_ones():
     ("las", {"thresholds": [float("nan")]}, ["las", "thresholds = [nan]", "finite numbers"]),
     ("las", {"thresholds": [-5.0]}, ["las", "thresholds must be > 0 GPU-seconds"]),
     ("gittins", {"min_history": -1}, ["gittins", "min_history must be >= 0, got -1"]),
+    ("hesrpt", {"risk": -1}, ["hesrpt", "risk must be >= 0", "got -1"]),
+    ("srpt", {"risk": -0.5}, ["srpt", "risk must be >= 0", "got -0.5"]),
+    ("las", {"thresholds": []}, ["las", "thresholds must not be empty, got []",
+                                 "continuous = true", "fifo"]),
 ])
 def test_bad_parameters_are_named(name, params, words):
     with pytest.raises(ValueError) as exc:
@@ -80,6 +84,10 @@ def test_good_parameters_are_kept():
     assert get_policy("gittins", prior_scale_s=60).params.prior_scale_s == 60  # int for float
     assert get_policy("las", thresholds=[10, 20.0]).params.thresholds == (10, 20.0)
     assert get_policy("pollux", p=0).params.p == 0
+    assert get_policy("hesrpt", risk=0).params.risk == 0
+    assert get_policy("srpt", risk=1.5).params.risk == 1.5
+    # continuous LAS ranks by attained service itself: no queue thresholds needed
+    assert get_policy("las", thresholds=[], continuous=True).params.thresholds == ()
 
 
 def test_policy_from_config_wraps_in_hysteresis():
