@@ -23,6 +23,7 @@ Gauss-Newton step moves freely.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -336,6 +337,12 @@ class EstimatorConfig:
         default_total_work: total work (samples at m0) assumed for a job with
             no target, no history and no progress yet.
         cluster: the cluster default prior (`ClusterDefault`).
+        cross_node_optimism: for a job that never ran across nodes, the speedup
+            table takes its cross-node synchronisation (alpha_n, beta_n) as at most
+            this many times its in-node synchronisation (alpha_r, beta_r), so that
+            policies try a cross-node size and its samples correct the estimate
+            (Pollux's exploration; AdaptDL's ``fit_perf_params`` uses 1.1). >= 1;
+            None: the posterior (for such a job, the prior) as it is.
     """
 
     half_life_s: float = 3600.0
@@ -351,6 +358,7 @@ class EstimatorConfig:
     history_min_tail: int = 3
     default_total_work: float = 1e7
     cluster: ClusterDefault = ClusterDefault()
+    cross_node_optimism: float | None = 1.1
 
     def __new__(cls, *args, **kwargs):
         for old_key, message in _REMOVED_KEYS.items():
@@ -372,6 +380,11 @@ class EstimatorConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"EstimatorConfig.{name} is out of range: {getattr(self, name)!r}")
+        c = self.cross_node_optimism
+        if c is not None and not (isinstance(c, int | float) and not isinstance(c, bool)
+                                  and math.isfinite(c) and c >= 1):
+            raise ValueError(f"EstimatorConfig.cross_node_optimism must be >= 1 or None, "
+                             f"got {c!r}")
         if not self.curve_exponents or min(self.curve_exponents) <= 0:
             raise ValueError(f"EstimatorConfig.curve_exponents must be positive, "
                              f"got {self.curve_exponents!r}")
@@ -389,6 +402,7 @@ class EstimateFlags(enum.IntFlag):
     SINGLE_GPU_COUNT = 2      #: all intervals at one k: speedup over k from the prior
     SINGLE_BATCH = 4          #: one global batch size: batch scaling from the prior
     NO_MULTI_NODE = 8         #: no interval across nodes: cross-node sync from the prior
+    #: (capped in the speedup table: `EstimatorConfig.cross_node_optimism`)
     REJECTED_SAMPLES = 16     #: some samples were dropped (NaN, zero/negative rates, ...)
     FIT_FAILED = 32           #: the fit gave non-finite values; the prior was used
     NO_GRADIENT_STATS = 64    #: phi unknown: batch kept at m0 and E = 1

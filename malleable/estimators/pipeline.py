@@ -14,6 +14,7 @@ bad data raises.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -362,13 +363,53 @@ def nodes_for(k: np.ndarray, gpus_per_node: int) -> np.ndarray:
     return np.where(k <= gpus_per_node, 1, -(-k // gpus_per_node))
 
 
+def optimistic_cross_node(u: np.ndarray, flags: np.ndarray, ratio: float | None) -> np.ndarray:
+    """(J, 7) the ``u`` the speedup table uses: ``u`` where the job has run across
+    nodes; elsewhere with cross-node synchronisation capped at ``ratio`` times in-node.
+
+    A job that never ran across nodes (flag ``NO_MULTI_NODE`` or ``NO_SAMPLES``) has
+    cross-node parameters from the prior alone, and a pessimistic prior is never
+    corrected: no policy picks a size the table says is slower, so the job never
+    produces the samples that would show otherwise. Its alpha_n and beta_n are taken
+    as at most ``ratio`` times its alpha_r and beta_r (in log space:
+    ``u[4] = min(u[4], u[2] + log ratio)``, the same for u[5] and u[3]), so the
+    policies try a cross-node size and its samples then decide. The estimate's own
+    ``u`` (the posterior, stored and reported) is left as it is; the operator's
+    views apply this function to the stored one (`malleable.ops.views.goodput_curve`).
+
+    Source: Pollux's exploration rule, AdaptDL's ``fit_perf_params``
+    (``adaptdl/goodput.py``): with no multi-node observation, alpha_n and beta_n
+    are set to 1.1 times alpha_r and beta_r. Here it is a cap, so a prior from a
+    finished job that did run across nodes and is more optimistic is kept.
+
+    Args:
+        u: (J, 7) parameter vectors (`Estimates.u`).
+        flags: (J,) int `EstimateFlags` bitmasks (`Estimates.flags`).
+        ratio: the cap (>= 1), or None: ``u`` unchanged.
+
+    Returns:
+        (J, 7) float64: ``u`` itself when nothing is capped, else a capped copy.
+    """
+    if ratio is None:
+        return u
+    unseen = (np.asarray(flags, dtype=np.int64) & int(F.NO_MULTI_NODE | F.NO_SAMPLES)) != 0
+    if not unseen.any():
+        return u
+    u = np.array(u, dtype=np.float64)
+    lr = math.log(ratio)
+    u[unseen, 4] = np.minimum(u[unseen, 4], u[unseen, 2] + lr)
+    u[unseen, 5] = np.minimum(u[unseen, 5], u[unseen, 3] + lr)
+    return u
+
+
 @np.errstate(all="ignore")  # non-finite intermediate values are masked
 def speedup_table(est: Estimates, specs: JobSpecs, k: np.ndarray, gpus_per_node: int,
                   config: EstimatorConfig | None = None) -> SpeedupTable:
     """The `SpeedupTable` for J jobs over the candidate grid ``k``.
 
     For each job and candidate k (on ``n = nodes_for(k, g)`` nodes), the
-    goodput-optimal batch and its goodput (`efficiency.optimal_batch`), the
+    goodput-optimal batch (with cross-node synchronisation capped for jobs that
+    never ran across nodes: `optimistic_cross_node`, ``config.cross_node_optimism``) and its goodput (`efficiency.optimal_batch`), the
     goodput's standard deviation (delta method), feasibility
     (`table.feasible_mask`, and a batch must fit: no k with
     ``k * max_local_batch < m0``; jobs with a bad spec: only k = 0), remaining
@@ -391,12 +432,13 @@ def speedup_table(est: Estimates, specs: JobSpecs, k: np.ndarray, gpus_per_node:
     if gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
     n = nodes_for(k, gpus_per_node)
-    goodput, batch, _ = optimal_batch(est.u, k, n, est.m0, est.max_batch, est.max_local_batch,
+    u = optimistic_cross_node(est.u, est.flags, config.cross_node_optimism)
+    goodput, batch, _ = optimal_batch(u, k, n, est.m0, est.max_batch, est.max_local_batch,
                                       est.phi, candidates=config.batch_candidates)
     J, K = goodput.shape
     kk = np.broadcast_to(np.maximum(k, 1)[None, :], (J, K))
     nn = np.broadcast_to(n[None, :], (J, K))
-    sd_log = log_throughput_std(ThroughputFit(est.u, est.cov, est.noise_sd ** 2,
+    sd_log = log_throughput_std(ThroughputFit(u, est.cov, est.noise_sd ** 2,
                                               np.ones(J, bool)),
                                 kk, nn, np.where(batch > 0, batch, 1))
     gstd = np.where(k[None, :] > 0, goodput * sd_log, 0.0)

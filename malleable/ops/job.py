@@ -40,6 +40,7 @@ from malleable.ops.status import action_doc, slurm_reason
 from malleable.ops.views import (
     RECENT_SAMPLES,
     GoodputCurve,
+    estimate_bits,
     flag_names,
     goodput_curve,
     recent_throughput,
@@ -124,7 +125,8 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
     est = store.latest_estimates(s, [job.id]).get(job.id)
     g, g_source = resolve_gpus_per_node(s, gpus_per_node)
     extra = [t.gpus for t in targets[:1]] + ([job.gpus] if job.gpus else [])
-    curve = goodput_curve(est.params if est else None, job.spec, g, extra=extra)
+    curve = goodput_curve(est.params if est else None, job.spec, g, extra=extra,
+                          flags=estimate_bits(est))
     work = finite(est.remaining_work) if est else None
     target_gpus = targets[0].gpus if targets else None
     at = target_gpus if target_gpus is not None else (job.gpus if job.state == "RUNNING" else 0)

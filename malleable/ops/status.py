@@ -51,6 +51,7 @@ from malleable.ops.output import (
 )
 from malleable.ops.views import (
     RECENT_SAMPLES,
+    estimate_bits,
     goodput_curve,
     recent_throughput,
     remaining_time,
@@ -131,7 +132,8 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
         est = estimates.get(j.id)
         work = finite(est.remaining_work) if est is not None else None
         at = target if target is not None else now_gpus
-        curve = goodput_curve(est.params if est else None, j.spec, gpus_per_node, extra=[at])
+        curve = goodput_curve(est.params if est else None, j.spec, gpus_per_node, extra=[at],
+                              flags=estimate_bits(est))
         goodput = curve.at(at) if curve is not None and at > 0 else None
         eta = remaining_time(work, goodput)
         a = actions.get(j.id)

@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 
 from malleable.db.models import Job
 from malleable.estimators.efficiency import optimal_batch
-from malleable.estimators.params import NUM_PARAMS, EstimateFlags
-from malleable.estimators.pipeline import nodes_for
+from malleable.estimators.params import NUM_PARAMS, EstimateFlags, EstimatorConfig
+from malleable.estimators.pipeline import nodes_for, optimistic_cross_node
 from malleable.estimators.table import candidate_grid, feasible_mask
 
 RECENT_SAMPLES = 10
@@ -127,7 +127,8 @@ def _num(x: Any) -> float:
 
 
 def goodput_curve(params: Mapping[str, Any] | None, spec: Mapping[str, Any] | None,
-                  gpus_per_node: int, extra: Sequence[int] = ()) -> GoodputCurve | None:
+                  gpus_per_node: int, extra: Sequence[int] = (),
+                  flags: int | None = None) -> GoodputCurve | None:
     """Goodput at every feasible GPU count of a job, from its stored estimate parameters.
 
     Args:
@@ -137,6 +138,9 @@ def goodput_curve(params: Mapping[str, Any] | None, spec: Mapping[str, Any] | No
             ``max_batch_size``, ``max_local_batch_size``).
         gpus_per_node: g >= 1.
         extra: further counts to evaluate even if infeasible (e.g. a target).
+        flags: the estimate's `EstimateFlags` bits (``Estimate.flags["bits"]``): a job
+            that never ran across nodes has its cross-node synchronisation capped as
+            in the daemon's speedup table (`optimistic_cross_node`); None: not capped.
 
     Returns:
         `GoodputCurve`, or None when the parameters or the spec are unusable
@@ -166,6 +170,9 @@ def goodput_curve(params: Mapping[str, Any] | None, spec: Mapping[str, Any] | No
     phi = _num(params.get("phi"))
     mb = _num(spec.get("max_batch_size"))
     ml = _num(spec.get("max_local_batch_size"))
+    if flags is not None:
+        u_arr = optimistic_cross_node(u_arr[None, :], np.array([int(flags)]),
+                                      EstimatorConfig().cross_node_optimism)[0]
     gp, batch, _ = optimal_batch(
         u_arr[None, :], ks_eval, nodes_for(ks_eval, g),
         np.array([m0]), np.array([mb if math.isfinite(mb) and mb >= m0 else m0]),
@@ -173,6 +180,14 @@ def goodput_curve(params: Mapping[str, Any] | None, spec: Mapping[str, Any] | No
     k_arr = np.array(ks, dtype=np.int64)
     return GoodputCurve(gpus=k_arr, nodes=nodes_for(k_arr, g), goodput=gp[0, 1:],
                         batch=batch[0, 1:], goodput_1=float(gp[0, 0]), gpus_per_node=g)
+
+
+def estimate_bits(est: Any) -> int | None:
+    """The `EstimateFlags` bits of a stored estimate (``Estimate.flags["bits"]``), or None
+    (no estimate, or flags not stored as the daemon stores them)."""
+    flags = getattr(est, "flags", None)
+    bits = flags.get("bits") if isinstance(flags, Mapping) else None
+    return int(bits) if isinstance(bits, int) and not isinstance(bits, bool) else None
 
 
 def remaining_time(remaining_work: float | None, goodput: float | None) -> float | None:

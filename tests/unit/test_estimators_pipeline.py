@@ -154,3 +154,43 @@ def test_sizes_on_which_no_batch_fits_the_per_gpu_limit_are_infeasible():
     assert table.feasible[0].tolist() == [True, False, False, False, True, True, True, True]
     assert table.feasible[1].all()          # no per-GPU limit: every size holds the batch
     assert (table.goodput[0, 4:] > 0).all() and (table.goodput[0, 1:4] == 0).all()
+
+
+def test_cross_node_sync_is_capped_only_for_jobs_never_seen_across_nodes():
+    """Pollux's exploration (AdaptDL's fit_perf_params): with no interval across nodes
+    the table takes alpha_n, beta_n as at most 1.1 x alpha_r, beta_r; a job that ran
+    across nodes, and every in-node size, is left as its fit says."""
+    from malleable.estimators.params import EstimatorConfig
+    from malleable.estimators.pipeline import optimistic_cross_node
+
+    spec = specs_for(3, 32.0)
+    b = batch_of(job_samples(0, [(1, 1, 32, 10), (4, 1, 128, 10)], params=P),
+                 job_samples(1, [(1, 1, 32, 10), (8, 2, 256, 10)], params=P))
+    k = candidate_grid(spec.max_gpus, 4, 16)
+    state = cycle(EstimatorState.empty(3), b, spec, k, 4)[0]
+    est = estimate(state, spec)
+    capped = speedup_table(est, spec, k, 4)
+    plain = speedup_table(est, spec, k, 4, EstimatorConfig(cross_node_optimism=None))
+    one_node = k <= 4
+    # In-node sizes: identical for every job.
+    np.testing.assert_array_equal(capped.goodput[:, one_node], plain.goodput[:, one_node])
+    # Job 1 ran across nodes: untouched; job 0 (single node) and job 2 (no samples): faster.
+    np.testing.assert_array_equal(capped.goodput[1], plain.goodput[1])
+    assert np.all(capped.goodput[[0, 2]][:, ~one_node] > plain.goodput[[0, 2]][:, ~one_node])
+    u = optimistic_cross_node(est.u, est.flags, 1.1)
+    for j in (0, 2):
+        assert u[j, 4] == pytest.approx(min(est.u[j, 4], est.u[j, 2] + np.log(1.1)))
+        assert u[j, 5] == pytest.approx(min(est.u[j, 5], est.u[j, 3] + np.log(1.1)))
+    np.testing.assert_array_equal(u[1], est.u[1])
+    np.testing.assert_array_equal(u[:, :4], est.u[:, :4])
+    assert optimistic_cross_node(est.u, est.flags, None) is est.u
+    # A cap above the prior's own value changes nothing (it is a cap, not a value).
+    np.testing.assert_array_equal(optimistic_cross_node(est.u, est.flags, 1e9), est.u)
+
+
+@pytest.mark.parametrize("bad", [0.5, 0.0, -1.0, float("nan"), float("inf"), "1.1", True])
+def test_cross_node_optimism_must_be_at_least_one_or_none(bad):
+    from malleable.estimators.params import EstimatorConfig
+
+    with pytest.raises(ValueError, match=r"cross_node_optimism must be >= 1 or None, got"):
+        EstimatorConfig(cross_node_optimism=bad)

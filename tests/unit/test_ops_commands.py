@@ -98,7 +98,10 @@ def test_status_json_numbers(run, built):
         ("RUNNING", 4, 8, "equal share 8")
     assert j["throughput"] == pytest.approx(1800.0)   # run 1 only: 18,000 samples per 10 s
     assert j["remaining_work"] == pytest.approx(built.remaining_101, abs=0.1)
-    g8 = goodput_curve(_params(built, "101"), _spec(built, "101"), 4).at(8)
+    # The goodput the policy saw (cross-node sync capped for a job never run across nodes).
+    g8 = goodput_curve(_params(built, "101"), _spec(built, "101"), 4,
+                       flags=_bits(built, "101")).at(8)
+    assert g8 == pytest.approx(float(built.table.goodput[0, built.table.k == 8][0]), rel=1e-9)
     assert j["goodput_at_target"] == pytest.approx(g8, rel=1e-6)
     assert j["eta_s"] == pytest.approx(built.remaining_101 / g8, abs=0.1)
     assert j["last_action"]["kind"] == "requeue" and j["last_action"]["state"] == "done"
@@ -117,13 +120,22 @@ def test_status_json_numbers(run, built):
     assert doc["last_poll"] == "2026-03-01T12:02:05Z"
 
 
-def _params(built, sid):
+def _latest_estimate(built, sid, column: str):
+    """A column (``params``, ``flags``) of job ``sid``'s latest stored estimate."""
     eng = make_engine(built.url, create=False)
     with session_factory(eng)() as s:
         j = store.get_job(s, sid)
-        out = store.latest_estimates(s, [j.id])[j.id].params
+        out = getattr(store.latest_estimates(s, [j.id])[j.id], column)
     eng.dispose()
     return out
+
+
+def _params(built, sid):
+    return _latest_estimate(built, sid, "params")
+
+
+def _bits(built, sid):
+    return _latest_estimate(built, sid, "flags")["bits"]
 
 
 def _spec(built, sid):

@@ -21,6 +21,7 @@ from malleable.ops.output import (
     table,
 )
 from malleable.ops.views import (
+    estimate_bits,
     flag_names,
     goodput_curve,
     infer_gpus_per_node,
@@ -63,7 +64,8 @@ def test_goodput_curve_equals_the_daemons_speedup_table(tmp_path):
     with session_factory(eng)() as s:
         jobs = {j.slurm_job_id: j for j in s.query(Job).all()}
         est = store.latest_estimates(s, [jobs["101"].id])[jobs["101"].id]
-        curve = goodput_curve(est.params, jobs["101"].spec, G)
+        curve = goodput_curve(est.params, jobs["101"].spec, G, flags=estimate_bits(est))
+        uncapped = goodput_curve(est.params, jobs["101"].spec, G)
     eng.dispose()
     t = built.table
     feasible = t.k[t.feasible[0] & (t.k > 0)]
@@ -76,6 +78,12 @@ def test_goodput_curve_equals_the_daemons_speedup_table(tmp_path):
     assert list(curve.nodes) == [1, 1, 2]
     assert curve.speedup[0] == pytest.approx(curve.goodput[0] / curve.goodput_1)
     assert curve.at(6) is None
+    # The job never ran across nodes: the table (and so the curve) caps its cross-node
+    # synchronisation; without its flags the curve would show the stored posterior's
+    # slower 8 GPUs on 2 nodes and the same in-node sizes.
+    assert estimate_bits(est) & int(EstimateFlags.NO_MULTI_NODE | EstimateFlags.NO_SAMPLES)
+    assert uncapped.at(8) < curve.at(8)
+    assert uncapped.at(4) == pytest.approx(curve.at(4), rel=1e-12)
 
 
 def test_goodput_curve_with_extra_counts_and_unusable_inputs():
