@@ -351,11 +351,14 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
         d = config.daemon
 
         whole = all(float(p).is_integer() for p in (d.poll_interval_s, d.decide_interval_s))
-        idle_at: list = [None, False]    # (virtual s, `_idle`) until a cycle runs
+        # [read, `_idle`]: as read since the last cycle ran (read None: not yet). Only
+        # the daemon's cycles (and retention) write the store in a run, so the value
+        # holds from one cycle to the next whatever the instant.
+        idle_at: list = [None, False]
 
         def idle() -> bool:
-            if idle_at[0] != engine.now:
-                idle_at[:] = [engine.now, _idle(db_engine)]
+            if idle_at[0] is None:
+                idle_at[:] = [True, _idle(db_engine)]
             return idle_at[1]
 
         def poll() -> None:
