@@ -7,7 +7,12 @@ whole node beyond) go to the job whose estimated remaining time drops the
 most per GPU added, weight x (W / goodput(k) - W / goodput(k')) / (k' - k),
 until no step helps or nothing fits. With ``window`` > 1 the step may
 jump up to that many feasible sizes ahead (the best gain per GPU among
-them), which copes with goodput curves that are not concave.
+them), which copes with goodput curves that are not concave. The default is
+2 (as for `pollux` and `gittins`): Optimus's one-worker steps assume the
+concave speed curves it fits, and an estimated curve need not be one. With
+``window = 1``, on Pollux's workload-1 two imagenet jobs whose fitted curve
+put 4 GPUs below 3 (and 8 GPUs on 2 nodes at three times 4) stayed on 3 GPUs
+for about 60 hours with most of the cluster idle (benchmarks/results/sim_fidelity.md).
 
 Source: Peng et al., "Optimus: An Efficient Dynamic Resource Scheduler for
 Deep Learning Clusters", EuroSys'18, section 4.2 (marginal gain allocation).
@@ -30,7 +35,7 @@ class OptimusPolicy(Policy):
 
     @dataclass(frozen=True)
     class Params:
-        window: int = 1  # feasible sizes a step may look ahead
+        window: int = 2  # feasible sizes a step may look ahead (1: Optimus's single steps)
 
         def __post_init__(self) -> None:
             if self.window < 1:
