@@ -45,7 +45,7 @@ from malleable.ops.output import (
     store_options,
     table,
 )
-from malleable.ops.status import policy_doc
+from malleable.ops.status import policy_doc, policy_problem_effect
 from malleable.policies.registry import DEFAULT, available, get_policy, policy_class
 
 SCHEMA_SHOW = "malleable.policy/1"
@@ -180,7 +180,7 @@ def render_show(doc: dict) -> str:
     if doc["effective_params"] is not None:
         lines.append(f"parameters in effect: {fmt_params(doc['effective_params']) or 'none'}")
     if doc["problem"]:
-        lines.append(f"PROBLEM: {doc['problem']}; the daemon falls back to `static`")
+        lines.append(f"PROBLEM: {doc['problem']}; {policy_problem_effect(doc['source'])}")
     h = doc["hysteresis"]
     lines.append(f"hysteresis ([policy] in the configuration): min_gain {h['min_gain']}, "
                  f"cooldown_s {h['cooldown_s']}")

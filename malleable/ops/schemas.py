@@ -130,8 +130,10 @@ STATUS = _schema("malleable.status/1", "malleable status",
                               "`[daemon] lease_timeout_s` and the holder's own"),
     }),
     "policy": _ref("policy", "the active policy"),
-    "policy_problem": _null("string", "why the active policy is unusable (the daemon then "
-                            "falls back to `static`), as `policy show` says"),
+    "policy_problem": _null("string", "why the active policy is unusable, as `policy show` "
+                            "says (one set by an operator: the daemon falls back to "
+                            "`static`; one from the configuration: a daemon does not "
+                            "start with it)"),
     "paused": _t("boolean", "an operator paused the daemon (`malleable pause`)"),
     "last_decision": _obj("the latest decision (policy run)", {
         "id": _t("integer", "decision id"),
@@ -350,8 +352,9 @@ POLICY_SHOW = _schema("malleable.policy/1", "malleable policy show / set",
     **POLICY["properties"],
     "effective_params": _free("every parameter's value in effect, defaults filled in (null "
                               "when the stored policy is unusable)", nullable=True),
-    "problem": _null("string", "why the stored policy is unusable (the daemon then uses "
-                               "`static`)"),
+    "problem": _null("string", "why the active policy is unusable (set by an operator: "
+                               "the daemon then uses `static`; from the configuration: a "
+                               "daemon does not start with it)"),
     "set_at": _time("when an operator set it"),
     "config": _obj("`[policy]` of the configuration", {
         "name": _t("string", "configured name"), "params": _free("configured parameters"),

@@ -62,6 +62,24 @@ from malleable.policies.registry import DEFAULT, get_policy
 SCHEMA = "malleable.status/1"
 
 
+def policy_problem_effect(source: str) -> str:
+    """What the daemon does with an unusable active policy, by where it comes from.
+
+    Args:
+        source: the policy document's ``source``: "operator" (`malleable policy set`,
+            read by the daemon at every decision) or "config" (its configuration file).
+
+    Returns:
+        One clause for the text views: an operator's policy is replaced by `static` at
+        the next decision; a configured one stops a daemon from starting (exit 2) and a
+        reload (SIGHUP) to it is refused, the running settings kept.
+    """
+    if source == "operator":
+        return "the daemon falls back to `static`"
+    return ("a daemon does not start with this configuration (exit 2), and a reload to "
+            "it is refused")
+
+
 def policy_doc(s: Session, config: Config) -> dict:
     """The active policy: name, params, what ``default`` resolves to, and who set it."""
     name, params = store.active_policy(s, config.policy.name, config.policy.params)
@@ -250,7 +268,7 @@ def render_status(doc: dict) -> str:
     pol += f" {fmt_params(p['params'])}".rstrip() + f", set by {p['source']}"
     dec = doc["last_decision"]
     if doc["policy_problem"]:
-        pol += f" -- PROBLEM: {doc['policy_problem']}; the daemon falls back to `static`"
+        pol += f" -- PROBLEM: {doc['policy_problem']}; {policy_problem_effect(p['source'])}"
     elif dec is not None and dec["policy"] != p["resolved"]:
         # A file edited but not reloaded, or a policy set since the latest decision.
         pol += f" (the latest decision ran {dec['policy']})"

@@ -529,7 +529,21 @@ def test_status_flags_an_unusable_policy_and_a_decision_by_another(tmp_path, bui
     r = status("nosuch")
     assert r.exit_code == 0
     line = next(x for x in r.stdout.splitlines() if x.startswith("policy:"))
+    # From the configuration: the daemon refuses to start with it (no fallback there).
+    assert "PROBLEM: unknown policy 'nosuch'" in line and "does not start" in line
+    assert "falls back" not in line
+    # Set by an operator: the daemon replaces it by `static` at its next decision.
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s, s.begin():
+        store.set_policy(s, "nosuch", {})
+    eng.dispose()
+    r = status("las")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("policy:"))
     assert "PROBLEM: unknown policy 'nosuch'" in line and "falls back to `static`" in line
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s, s.begin():
+        store.clear_policy(s)
+    eng.dispose()
     r = status("las")      # the store's latest decision was made by equi
     line = next(x for x in r.stdout.splitlines() if x.startswith("policy:"))
     assert "las" in line and "(the latest decision ran equi)" in line
