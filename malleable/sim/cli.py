@@ -146,6 +146,12 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     logging.getLogger("malleable").setLevel(logging.ERROR)
     out = Path(out_dir)
     if compare_only:
+        ignored = [name for name, given in (("--workload", workloads), ("--policy", policies),
+                                            ("--slurm-array", slurm_array)) if given]
+        if ignored:
+            raise _fail(f"--compare-only rebuilds the comparison of the runs already in "
+                        f"--out; it runs nothing, so {', '.join(ignored)} would be ignored: "
+                        f"drop {'it' if len(ignored) == 1 else 'them'} or --compare-only")
         runs = sweep.collect(out)
         if not runs:
             raise _fail(f"--out {out_dir}: no run (*/*/seed*/summary.json) to compare")

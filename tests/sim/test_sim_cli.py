@@ -54,6 +54,11 @@ def test_plain_sweep_writes_runs_and_comparison(tmp_path, workload):
     assert len(cmp["runs"]) == 2
     assert (out / "jct_cdf.png").exists() and (out / "tiny" / "jct_cdf.png").exists()
     assert "tiny" in res.output and "avg JCT" in res.output
+    # --compare-only rebuilds the comparison from the runs on disk, running nothing.
+    (out / "comparison.json").unlink()
+    res = simulate("--compare-only", "--out", str(out))
+    assert res.exit_code == 0 and "2 run(s) compared" in res.output, res.output
+    assert json.loads((out / "comparison.json").read_text())["by_policy"] == cmp["by_policy"]
 
 
 def test_parallel_runs_give_the_same_summaries_as_serial(tmp_path, workload):
@@ -181,6 +186,9 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
                                                "finite number"),
     (["--policy", "las", "--load-scale", "inf"], "Invalid value for '--load-scale': 'inf'"),
     (["--policy", "pollux", "--format", "philly"], "missing column(s)"),
+    (["--policy", "pollux", "--compare-only"],
+     "--compare-only rebuilds the comparison of the runs already in --out; it runs nothing, "
+     "so --workload, --policy would be ignored"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, workload, args, message):
     if "--workload" not in args:
