@@ -154,4 +154,7 @@ def downgrade(engine: Engine, rev: str, force: bool) -> None:
                        "(systemctl stop malleable), or pass --force")
     before, after = schema.downgrade(engine, rev)
     where = describe_url(engine.url)
-    click.echo(f"{where}: schema downgraded from {before or 'empty'} to {after or 'base'}")
+    if before == after:
+        click.echo(f"{where}: schema already at {after or 'base (empty)'}: nothing to downgrade")
+    else:
+        click.echo(f"{where}: schema downgraded from {before or 'empty'} to {after or 'base'}")

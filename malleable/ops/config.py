@@ -202,11 +202,20 @@ def config() -> None:
 @handle_errors
 def show(config_path: str | None, database_url: str | None, defaults: bool, markdown: bool,
          as_json: bool) -> None:
-    """Print the effective configuration (TOML), or with --defaults the documented defaults."""
+    """Print the effective configuration (TOML), or with --defaults the documented defaults.
+
+    A configuration the daemon would refuse (a bad value, or a [policy] that cannot be
+    built) is refused the same way: one line naming the key and the value, exit 2."""
     if markdown and (not defaults or as_json):
         raise BadInput("--markdown: only with --defaults and without --json")
     if defaults:
         doc = defaults_doc()
         emit(doc, as_json, render_markdown if markdown else render_defaults)
         return
-    emit(effective_doc(effective_config(config_path, database_url)), as_json, render_effective)
+    from malleable.daemon.service import check_policy
+
+    config = effective_config(config_path, database_url)
+    # Refused as the daemon refuses it at start: a configuration that names an unusable
+    # policy is not one a daemon runs with (status and policy show report it as a PROBLEM).
+    check_policy(config)
+    emit(effective_doc(config), as_json, render_effective)

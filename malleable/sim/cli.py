@@ -287,8 +287,11 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
     for v in values:
         name, sep, text = v.partition("=")
         name = name.strip()
-        if not sep or name not in policies:
+        if not sep:
             raise _fail(f"--policy-params {v!r}: expected NAME=JSON for a policy of --policy")
+        if name not in policies:
+            raise _fail(f"--policy-params {v!r}: {name!r} is not among --policy "
+                        f"({', '.join(policies)}); its parameters would be unused")
         try:
             params = json.loads(text)
         except ValueError as exc:

@@ -91,6 +91,9 @@ def test_cli_upgrade_current_downgrade(url):
     assert r.exit_code == 0 and "to base" in r.output
     r = runner.invoke(main, ["db", "current", "--database-url", url])
     assert r.exit_code == 0 and "empty: run `malleable db upgrade`" in r.output
+    # A downgrade to where the store already is says so (not "from empty to base").
+    r = runner.invoke(main, ["db", "downgrade", "base", "--database-url", url])
+    assert r.exit_code == 0 and "already at base (empty): nothing to downgrade" in r.output
     r = runner.invoke(main, ["db", "upgrade", "--to", schema.head_revision(),
                              "--database-url", url])
     assert r.exit_code == 0

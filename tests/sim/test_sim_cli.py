@@ -186,6 +186,9 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
                                                "finite number"),
     (["--policy", "las", "--load-scale", "inf"], "Invalid value for '--load-scale': 'inf'"),
     (["--policy", "pollux", "--format", "philly"], "missing column(s)"),
+    (["--policy", "las", "--policy-params", 'pollux={"p": -1}'],
+     "'pollux' is not among --policy (las); its parameters would be unused"),
+    (["--policy", "las", "--policy-params", "las"], "expected NAME=JSON for a policy of"),
     (["--policy", "pollux", "--compare-only"],
      "--compare-only rebuilds the comparison of the runs already in --out; it runs nothing, "
      "so --workload, --policy would be ignored"),

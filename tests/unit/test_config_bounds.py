@@ -195,6 +195,24 @@ def test_config_show_exits_2_with_one_line(tmp_path, monkeypatch, section, key, 
     assert message in lines[0]
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("name", "nosuch", "policy.name='nosuch', policy.params={}: unknown policy 'nosuch'"),
+    ("params", {"risk": -1}, "policy.params={'risk': -1}: policy pollux: unknown parameter 'risk'"),
+])
+def test_config_show_refuses_a_policy_the_daemon_would_refuse(tmp_path, monkeypatch, key, value,
+                                                             message):
+    """`config show` is how an admin checks a file: a [policy] that cannot be built stops a
+    daemon at start (exit 2), so it is refused here too, in one line."""
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+    res = CliRunner().invoke(main, ["config", "show", "--config",
+                                    str(write(tmp_path, "policy", key, value))],
+                             prog_name="malleable")
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("malleable config show: error: "), res.stderr
+    assert message in lines[0], lines[0]
+
+
 def test_config_show_refuses_a_bad_database_url_option_and_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
     cfg = str(write(tmp_path))
