@@ -378,6 +378,22 @@ def parse_config(data: dict, source: str = "<dict>", env: dict | None = None) ->
     return Config(**built, source=source)
 
 
+def check_policy(config: Config) -> None:
+    """Refuse a configuration whose ``[policy]`` cannot be built (unknown name, unknown or
+    bad parameter).
+
+    Raises:
+        ConfigError: names ``policy.name`` or ``policy.params`` and the value.
+    """
+    from malleable.policies.registry import get_policy
+
+    try:
+        get_policy(config.policy.name, **dict(config.policy.params))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{config.source}: policy.name={config.policy.name!r}, "
+                          f"policy.params={dict(config.policy.params)!r}: {exc}") from None
+
+
 def load_config(path: str | os.PathLike | None = None, env: dict | None = None) -> Config:
     """Read, validate and return the configuration.
 

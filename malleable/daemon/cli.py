@@ -14,7 +14,7 @@ import dataclasses
 
 import click
 
-from malleable.config import ConfigError, load_config
+from malleable.config import ConfigError, check_policy, load_config
 from malleable.daemon.logs import setup_logging
 from malleable.db.errors import StoreError
 from malleable.slurm.client import SlurmError
@@ -40,7 +40,7 @@ def daemon(config_path: str | None, dry_run: bool, once: bool, log_level: str | 
     $MALLEABLE_DATABASE_URL when set (there is no --database-url option).
     """
     from malleable.daemon.metrics import exporter_from_config
-    from malleable.daemon.service import ServiceOptions, check_policy, run_service
+    from malleable.daemon.service import ServiceOptions, run_service
 
     try:
         config = load_config(config_path)

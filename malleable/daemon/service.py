@@ -42,7 +42,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy.exc import DBAPIError
 
-from malleable.config import Config, ConfigError, load_config
+from malleable.config import Config, check_policy, load_config
 from malleable.daemon.cycle import CycleReport, Daemon
 from malleable.daemon.systemd import Notifier
 from malleable.daemon.testhook import crash_points_from_env
@@ -362,19 +362,3 @@ def run_service(config: Config, options: ServiceOptions) -> int:
         signal.signal(signal.SIGINT, lambda *_: service.stop())
         signal.signal(signal.SIGHUP, lambda *_: service.reload())
     return service.start()
-
-
-def check_policy(config: Config) -> None:
-    """Refuse a configuration whose ``[policy]`` cannot be built (unknown name, unknown or
-    bad parameter).
-
-    Raises:
-        ConfigError: names ``policy.name`` or ``policy.params`` and the value.
-    """
-    from malleable.policies.registry import get_policy
-
-    try:
-        get_policy(config.policy.name, **dict(config.policy.params))
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{config.source}: policy.name={config.policy.name!r}, "
-                          f"policy.params={dict(config.policy.params)!r}: {exc}") from None

@@ -21,7 +21,7 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from malleable.config import ENV_CONFIG, ENV_DATABASE_URL, Config, sections
+from malleable.config import ENV_CONFIG, ENV_DATABASE_URL, Config, check_policy, sections
 from malleable.ops.access import effective_config
 from malleable.ops.output import BadInput, emit, handle_errors, json_option
 
@@ -212,8 +212,6 @@ def show(config_path: str | None, database_url: str | None, defaults: bool, mark
         doc = defaults_doc()
         emit(doc, as_json, render_markdown if markdown else render_defaults)
         return
-    from malleable.daemon.service import check_policy
-
     config = effective_config(config_path, database_url)
     # Refused as the daemon refuses it at start: a configuration that names an unusable
     # policy is not one a daemon runs with (status and policy show report it as a PROBLEM).
