@@ -408,9 +408,10 @@ def speedup_table(est: Estimates, specs: JobSpecs, k: np.ndarray, gpus_per_node:
     """The `SpeedupTable` for J jobs over the candidate grid ``k``.
 
     For each job and candidate k (on ``n = nodes_for(k, g)`` nodes), the
-    goodput-optimal batch (with cross-node synchronisation capped for jobs that
-    never ran across nodes: `optimistic_cross_node`, ``config.cross_node_optimism``) and its goodput (`efficiency.optimal_batch`), the
-    goodput's standard deviation (delta method), feasibility
+    goodput-optimal batch and its goodput (`efficiency.optimal_batch`; cross-node
+    synchronisation capped for jobs that never ran across nodes:
+    `optimistic_cross_node`, ``config.cross_node_optimism``), the goodput's
+    standard deviation (delta method), feasibility
     (`table.feasible_mask`, and a batch must fit: no k with
     ``k * max_local_batch < m0``; jobs with a bad spec: only k = 0), remaining
     work, flags and the power-law exponent.

@@ -35,6 +35,8 @@ from malleable.estimators.table import candidate_grid, feasible_mask
 
 RECENT_SAMPLES = 10
 """Progress lines of the current run that `recent_throughput` looks at."""
+# The daemon's estimators run with the default settings: the cap its speedup table applies.
+_CROSS_NODE_OPTIMISM = EstimatorConfig().cross_node_optimism
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ def goodput_curve(params: Mapping[str, Any] | None, spec: Mapping[str, Any] | No
     ml = _num(spec.get("max_local_batch_size"))
     if flags is not None:
         u_arr = optimistic_cross_node(u_arr[None, :], np.array([int(flags)]),
-                                      EstimatorConfig().cross_node_optimism)[0]
+                                      _CROSS_NODE_OPTIMISM)[0]
     gp, batch, _ = optimal_batch(
         u_arr[None, :], ks_eval, nodes_for(ks_eval, g),
         np.array([m0]), np.array([mb if math.isfinite(mb) and mb >= m0 else m0]),

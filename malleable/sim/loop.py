@@ -351,15 +351,15 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
         d = config.daemon
 
         whole = all(float(p).is_integer() for p in (d.poll_interval_s, d.decide_interval_s))
-        # [read, `_idle`]: as read since the last cycle ran (read None: not yet). Only
-        # the daemon's cycles (and retention) write the store in a run, so the value
-        # holds from one cycle to the next whatever the instant.
-        idle_at: list = [None, False]
+        # `_idle` as read since the last cycle ran (None: not read yet). Only the daemon's
+        # cycles (and retention) write the store in a run, so the value holds from one
+        # cycle to the next whatever the instant.
+        idle_at: list[bool | None] = [None]
 
         def idle() -> bool:
             if idle_at[0] is None:
-                idle_at[:] = [True, _idle(db_engine)]
-            return idle_at[1]
+                idle_at[0] = _idle(db_engine)
+            return idle_at[0]
 
         def poll() -> None:
             if options.skip_idle and (
