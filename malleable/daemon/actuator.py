@@ -203,7 +203,8 @@ class Actuator:
             if job is not None and self._waits(a, job, checkpointed.get(a.job_id), now,
                                                observed, refresh):
                 continue
-            self._drive_one(a.id, now, observed, refresh, report)
+            self._drive_one(a.id, now, observed, refresh, report, job=job,
+                            checkpointed_at=checkpointed.get(a.job_id))
         return report
 
     @staticmethod
@@ -274,70 +275,96 @@ class Actuator:
             self.step_hook(state.kind.value, step.value, phase)
 
     def _drive_one(self, action_id: int, now: datetime, observed: dict[str, SlurmJob],
-                   refresh, report: DriveReport) -> None:
-        for _ in range(16):  # every kind has fewer steps than this
-            with self.sessions() as s, s.begin():
-                a, job, state = self._load(s, action_id)
-                jlog = job_logger(log, job.slurm_job_id)
-                if a.finished_at is not None:
-                    return
-                if a.next_attempt_at is not None and a.next_attempt_at > now:
-                    return
-                sj = observed.get(job.slurm_job_id)
-                if sj is None and refresh is not None:
-                    try:
-                        sj = refresh(job.slurm_job_id)
-                    except SlurmError as exc:
-                        jlog.warning("action %d waits: job missing from the poll and its "
-                                     "state unreadable (%s)", action_id, exc)
+                   refresh, report: DriveReport, *, job=None,
+                   checkpointed_at: datetime | None = None) -> None:
+        """Drive one action step by step. One committed transaction per step: it ends
+        the previous step (after its Slurm call succeeded) and records this step's
+        attempt before its call, so a crash between two calls leaves the same rows as
+        a transaction for each. The action and its job are read once: only this
+        process (the lease holder) writes unfinished actions, and nothing writes a
+        job's ``checkpointed`` events during a drive.
+
+        ``job`` (a row: id, slurm_job_id, spec) and ``checkpointed_at`` (its latest
+        ``checkpointed`` event) as `drive` read them before its loop, or None: read here.
+        """
+        finishing: tuple | None = None   # (state, next step, note) of the last call
+        jlog = job_logger(log, job.slurm_job_id) if job is not None else None
+        with self.sessions() as s:
+            for _ in range(16):  # every kind has fewer steps than this
+                with s.begin():
+                    if finishing is not None:
+                        a = s.get(Action, action_id)
+                        self._finish_step(s, a, *finishing, now, report, jlog,
+                                          attempts=0)
+                        finishing = None
+                    if job is None:
+                        a, job, state = self._load(s, action_id)
+                        checkpointed_at = self._checkpointed_at(s, job.id)
+                        jlog = job_logger(log, job.slurm_job_id)
+                    else:
+                        a = s.get(Action, action_id)
+                        state = self._state(a, job)
+                    if a.finished_at is not None:
                         return
-                    if sj is not None:
-                        observed[job.slurm_job_id] = sj
-                t = advance(state, Observation(sj, self._checkpointed_at(s, job.id), now))
-                if t.wait and a.note != t.note:
-                    store.update_action(s, a.id, now=now, note=t.note)
+                    if a.next_attempt_at is not None and a.next_attempt_at > now:
+                        return
+                    sj = observed.get(job.slurm_job_id)
+                    if sj is None and refresh is not None:
+                        try:
+                            sj = refresh(job.slurm_job_id)
+                        except SlurmError as exc:
+                            jlog.warning("action %d waits: job missing from the poll and its "
+                                         "state unreadable (%s)", action_id, exc)
+                            return
+                        if sj is not None:
+                            observed[job.slurm_job_id] = sj
+                    t = advance(state, Observation(sj, checkpointed_at, now))
+                    if t.wait and a.note != t.note:
+                        store.update_action(s, a.id, now=now, note=t.note)
+                    if t.call is None:
+                        if not t.wait:
+                            self._finish_step(s, a, state, t.next_step, t.note, now, report,
+                                              jlog)
+                    else:
+                        # Record the attempt before making the call (the first signal time
+                        # is kept: a checkpoint written after it counts).
+                        extra = ({"signalled_at": now} if state.step == Step.SIGNAL
+                                 and a.signalled_at is None else {})
+                        store.update_action(s, a.id, now=now, add_attempt=True,
+                                            note=t.note or None, **extra)
                 if t.call is None:
-                    if not t.wait:
-                        self._finish_step(s, a, state, t.next_step, t.note, now, report, jlog)
-                else:
-                    # Record the attempt before making the call (the first signal time is
-                    # kept: a checkpoint written after it counts).
-                    extra = ({"signalled_at": now} if state.step == Step.SIGNAL
-                             and a.signalled_at is None else {})
-                    store.update_action(s, a.id, now=now, add_attempt=True,
-                                        note=t.note or None, **extra)
-            if t.call is None:
-                # A step without a Slurm call: waiting, or a transition already committed.
-                if state.step in _WAITING_STEPS:
-                    self._hook(state, state.step, "before" if t.wait else "after")
-                if t.wait:
+                    # A step without a Slurm call: waiting, or a transition already committed.
+                    if state.step in _WAITING_STEPS:
+                        self._hook(state, state.step, "before" if t.wait else "after")
+                    if t.wait:
+                        return
+                    continue
+                self._hook(state, state.step, "before")
+                call = t.call
+                try:
+                    getattr(self.slurm, call.method)(state.job_id, *call.args)
+                except SlurmUnavailable as exc:
+                    report.slurm_unavailable = True
+                    jlog.warning("%s: Slurm unavailable (%s); will retry", call.method, exc)
+                    with s.begin():
+                        store.update_action(s, action_id, now=now, last_error=str(exc))
                     return
-                continue
-            self._hook(state, state.step, "before")
-            call = t.call
-            try:
-                getattr(self.slurm, call.method)(state.job_id, *call.args)
-            except SlurmUnavailable as exc:
-                report.slurm_unavailable = True
-                jlog.warning("%s: Slurm unavailable (%s); will retry", call.method, exc)
-                with self.sessions() as s, s.begin():
-                    store.update_action(s, action_id, now=now, last_error=str(exc))
-                return
-            except SlurmRejected as exc:
+                except SlurmRejected as exc:
+                    report.calls[call.method] = report.calls.get(call.method, 0) + 1
+                    self._rejected(action_id, state, call, exc, now, observed, jlog)
+                    return
                 report.calls[call.method] = report.calls.get(call.method, 0) + 1
-                self._rejected(action_id, state, call, exc, now, observed, jlog)
-                return
-            report.calls[call.method] = report.calls.get(call.method, 0) + 1
-            jlog.info("%s%s: done (action %d, %s -> %s)", call.method,
-                      "(" + ", ".join(str(x) for x in call.args) + ")" if call.args else "",
-                      action_id, state.step, t.next_step)
-            self._hook(state, state.step, "after")
-            if sj is not None:
-                observed[state.job_id] = _expected_after(sj, call)
-            with self.sessions() as s, s.begin():
-                a = s.get(Action, action_id)
-                self._finish_step(s, a, state, t.next_step, t.note, now, report, jlog,
-                                  attempts=0)
+                jlog.info("%s%s: done (action %d, %s -> %s)", call.method,
+                          "(" + ", ".join(str(x) for x in call.args) + ")" if call.args else "",
+                          action_id, state.step, t.next_step)
+                self._hook(state, state.step, "after")
+                if sj is not None:
+                    observed[state.job_id] = _expected_after(sj, call)
+                finishing = (state, t.next_step, t.note)
+            if finishing is not None:
+                with s.begin():
+                    self._finish_step(s, s.get(Action, action_id), *finishing, now, report,
+                                      jlog, attempts=0)
 
     def _finish_step(self, s: Session, a: Action, state: ActionState, step: Step, note: str,
                      now: datetime, report: DriveReport, jlog, attempts: int | None = None,

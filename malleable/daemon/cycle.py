@@ -427,6 +427,16 @@ class Daemon:
                                      and runs.get(j.id, -1) < sj.restart_count))))
             targets.append(Target(j.slurm_job_id, int(alloc.gpus[i]), int(alloc.batch[i]),
                                   alloc.reason[i]))
+        # Waiting jobs beyond the queue depth stay held (after the plan's own targets):
+        # only those not held yet (just submitted) need a view.
+        for j in inputs.queued:
+            sj = self.observed[j.slurm_job_id]
+            if sj.held or j.id in busy:
+                continue
+            views.append(JobView(job_id=j.slurm_job_id, state=sj.state,
+                                 shape=Shape(max(sj.node_count, 1 if sj.gpus else 0),
+                                             sj.gpus_per_node or sj.gpus)))
+            targets.append(Target(j.slurm_job_id, 0, 0, "waiting beyond the queue depth"))
         # Plan order is the JobSet's (FIFO by arrival): earlier jobs get freed GPUs first.
         running_malleable = sum(v.gpus for v in views if v.state == JobState.RUNNING)
         free = max(0, inputs.capacity.total - running_malleable)

@@ -53,6 +53,9 @@ class PolicyInputs:
         estimates: the estimators' output for ``jobs`` (same order).
         excluded: Slurm id -> why a malleable job was left out this cycle.
         digest: a hash of the inputs (`Decision.inputs_digest`).
+        queued: the waiting jobs beyond the queue depth (`split_queue`), oldest first:
+            rows as ``jobs``, not allocated (also in ``excluded``); the daemon keeps
+            them held.
     """
 
     jobs: list[Job]
@@ -62,6 +65,7 @@ class PolicyInputs:
     estimates: Estimates
     excluded: dict[str, str] = field(default_factory=dict)
     digest: str = ""
+    queued: list[Job] = field(default_factory=list)
 
 
 def cluster_gpus_per_node(nodes: Sequence[SlurmNode]) -> int:
@@ -78,6 +82,42 @@ def managed(job: Job, partitions: Sequence[str]) -> bool:
     if partitions and not (set(job.partition.split(",")) & set(partitions)):
         return False
     return job.state in MANAGED_STATES
+
+
+def waiting(job: Job, sj: SlurmJob) -> bool:
+    """A job that has not started yet: pending in Slurm, never restarted, no attained
+    service (a requeued job, pending again, is not waiting: it holds work in progress)."""
+    return sj.state == JobState.PENDING and not job.restart_count and not job.attained_gpu_s
+
+
+def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
+                ) -> tuple[list[Job], list[Job]]:
+    """Bound the policy's problem to the head of the queue, as Slurm's main scheduler
+    does with ``default_queue_depth`` (slurm.conf(5), SchedulerParameters).
+
+    Args:
+        jobs: the managed jobs in queue order (oldest arrival first).
+        observed: this cycle's poll by Slurm id (every job of ``jobs`` is in it).
+        depth: how many `waiting` jobs the policy considers; 0: all of them.
+
+    Returns:
+        (the jobs the policy allocates: every job that is not waiting, and the first
+        ``depth`` waiting ones; the later waiting jobs), both in the given order.
+        A job only moves up: one that arrives later joins the queue behind it.
+    """
+    if depth <= 0:
+        return jobs, []
+    kept: list[Job] = []
+    queued: list[Job] = []
+    n = 0
+    for j in jobs:
+        if waiting(j, observed[j.slurm_job_id]):
+            n += 1
+            if n > depth:
+                queued.append(j)
+                continue
+        kept.append(j)
+    return kept, queued
 
 
 def node_usage(observed: Iterable[SlurmJob], skip: set[str]) -> dict[str, int]:
@@ -234,6 +274,12 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
     unsized_ids = {j.id for j in unsized}
     jobs = [j for j in jobs if j.id not in unsized_ids]
     jobs.sort(key=lambda j: (j.arrival_time or j.first_seen, j.id))
+    jobs, queued = split_queue(jobs, observed, config.policy.queue_depth)
+    if queued:
+        why = (f"waiting beyond the queue depth (policy.queue_depth = "
+               f"{config.policy.queue_depth}): held until it moves up")
+        for j in queued:
+            excluded[j.slurm_job_id] = why
     for sid, why in excluded.items():
         log.debug("left out of this cycle: %s", why, extra={"job": sid})
 
@@ -281,4 +327,5 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
     for arr in (jobset.ids.astype(str), current, capacity.free_per_node,
                 np.round(table.goodput, 6), np.round(table.remaining_work, 3)):
         digest.update(np.ascontiguousarray(arr).tobytes())
-    return PolicyInputs(jobs, jobset, capacity, context, est, excluded, digest.hexdigest()[:32])
+    return PolicyInputs(jobs, jobset, capacity, context, est, excluded, digest.hexdigest()[:32],
+                        queued)

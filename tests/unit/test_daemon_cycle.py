@@ -19,7 +19,7 @@ from malleable.config import parse_config
 from malleable.daemon.cycle import Daemon
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
-from malleable.db.models import Action, Job, JobEvent
+from malleable.db.models import Action, Decision, Job, JobEvent, Target
 from malleable.sim.engine import Engine
 from malleable.sim.jobs import ProfileJob, RigidJob
 from malleable.sim.profiles import load_profile
@@ -76,7 +76,8 @@ class FlakySlurm(SimSlurm):
 class Cluster:
     """A simulated cluster, a state store and a `Daemon` on them."""
 
-    def __init__(self, tmp: Path, nodes: int = 2, slurm_cls=SimSlurm) -> None:
+    def __init__(self, tmp: Path, nodes: int = 2, slurm_cls=SimSlurm,
+                 queue_depth: int = 100) -> None:
         self.engine = Engine()
         self.slurm = slurm_cls(self.engine, nodes=nodes, gpus_per_node=4)
         self.spool = tmp / "spool"
@@ -85,7 +86,8 @@ class Cluster:
         schema.prepare_schema(db)
         self.sessions = session_factory(db)
         config = parse_config({"progress": {"spool_dir": str(self.spool)},
-                               "policy": {"name": "equi", "min_gain": 0.0, "cooldown_s": 0.0},
+                               "policy": {"name": "equi", "min_gain": 0.0, "cooldown_s": 0.0,
+                                          "queue_depth": queue_depth},
                                "daemon": {"poll_interval_s": 10.0, "decide_interval_s": 20.0}})
         self.daemon = Daemon(slurm=self.slurm, sessions=self.sessions,
                              clock=self.engine.datetime_at, spool_dir=str(self.spool),
@@ -308,3 +310,64 @@ def test_a_poll_records_its_time_even_with_no_job(tmp_path):
     c.daemon.poll_cycle()
     with c.sessions() as s:
         assert store.get_setting(s, store.LAST_POLL_KEY) == c.engine.datetime_at().isoformat()
+
+
+def test_waiting_jobs_beyond_the_queue_depth_stay_held_and_move_up(tmp_path):
+    c = Cluster(tmp_path, nodes=1, queue_depth=1)
+    rigid = c.submit(1, 4, RigidJob(100))             # the node, for 100 s
+    p, q, r = c.malleable(), c.malleable(), c.malleable()   # waiting, in this order
+    c.advance(1)
+    report = c.daemon.decide_cycle()
+    # P is the queue's head: the policy allocates it (nothing free: held). Q and R are
+    # beyond the depth: held, not allocated, no target or estimate recorded.
+    assert [(x.job_id, x.kind.value) for x in report.planned] == [
+        (p, "hold"), (q, "hold"), (r, "hold")]
+    assert [x.reason for x in report.planned[1:]] == ["waiting beyond the queue depth"] * 2
+    assert report.planned[0].reason != "waiting beyond the queue depth"
+    assert report.managed == 1
+    assert all(c.job(j).held for j in (p, q, r))
+    with c.sessions() as s:
+        recorded = s.scalars(select(Job.slurm_job_id).join(Target, Target.job_id == Job.id)
+                             .where(Target.decision_id == report.decision_id)).all()
+    assert recorded == [p]
+    # Held already: no new action for them while they wait.
+    c.advance(20)
+    assert c.daemon.decide_cycle().planned == []
+    # The rigid job ends: P is admitted and Q moves up to the head of the waiting queue.
+    c.advance(100)
+    c.daemon.decide_cycle()
+    c.advance(20)
+    c.daemon.decide_cycle()
+    assert c.job(rigid).state == JobState.COMPLETED
+    assert c.job(p).state == JobState.RUNNING
+    c.advance(20)
+    report = c.daemon.decide_cycle()
+    with c.sessions() as s:
+        recorded = set(s.scalars(select(Job.slurm_job_id).join(Target, Target.job_id == Job.id)
+                                 .where(Target.decision_id == report.decision_id)))
+        assert s.scalar(select(Decision.id).order_by(Decision.id.desc()).limit(1)) \
+            == report.decision_id
+    assert recorded == {p, q}
+    assert c.job(r).held
+
+
+def test_split_queue_keeps_every_started_job_and_the_first_waiting_ones():
+    from types import SimpleNamespace
+
+    from malleable.daemon.inputs import split_queue
+    from malleable.slurm.records import SlurmJob
+
+    def row(sid, restarts=0, attained=0.0):
+        return SimpleNamespace(slurm_job_id=sid, restart_count=restarts, attained_gpu_s=attained)
+
+    jobs = [row("1"), row("2", attained=60.0), row("3"), row("4", restarts=1), row("5"),
+            row("6")]
+    states = {"1": JobState.PENDING, "2": JobState.PENDING, "3": JobState.RUNNING,
+              "4": JobState.PENDING, "5": JobState.PENDING, "6": JobState.PENDING}
+    observed = {k: SlurmJob(job_id=k, job_id_num=int(k), state=v) for k, v in states.items()}
+    kept, queued = split_queue(jobs, observed, 2)
+    # Waiting: 1, 5, 6 (2 has attained service, 3 runs, 4 was requeued); the first two stay.
+    assert [j.slurm_job_id for j in kept] == ["1", "2", "3", "4", "5"]
+    assert [j.slurm_job_id for j in queued] == ["6"]
+    assert split_queue(jobs, observed, 0) == (jobs, [])
+    assert split_queue(jobs, observed, 3) == (jobs, [])
