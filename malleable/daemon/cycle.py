@@ -177,6 +177,8 @@ class Daemon:
         self.poll_ok = False
         self.poll_incomplete = False
         self.paused = False  # the operator's pause, as the last successful poll read it
+        # The operator's policy choice (name, params) as that poll read it; None: none.
+        self.operator_policy: tuple[str, dict] | None = None
         self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
@@ -216,8 +218,10 @@ class Daemon:
             else:
                 self._mark_vanished(s, list(upserted.unlisted.values()), now)
             store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
-            # Read with the poll (one transaction less per cycle than a read of its own).
-            self.paused = store.is_paused(s)
+            # Read with the poll, in one query (one transaction less per cycle than a
+            # read of its own; the pause and the policy the cycle decides with are read
+            # together, so an operator's `policy set` and `pause` are seen alike).
+            self.paused, self.operator_policy = store.operator_settings(s)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
         self.poll_incomplete = bool(skipped)
@@ -330,13 +334,14 @@ class Daemon:
 
     # ------------------------------------------------------------------ decide
 
-    def _policy(self, s):
-        """The active policy (name, params, the policy wrapped in hysteresis).
+    def _policy(self):
+        """The active policy (name, params, the policy wrapped in hysteresis): the
+        operator's choice as the last successful poll read it, else the configuration's.
 
         Policies keep no state between calls, so one instance serves every cycle
         until the operator's choice or the configuration's thresholds change."""
-        name, params = store.active_policy(s, self.config.policy.name,
-                                           self.config.policy.params)
+        name, params = self.operator_policy or (self.config.policy.name,
+                                                dict(self.config.policy.params))
         key = (name, json.dumps(params, sort_keys=True, default=repr),
                self.config.policy.min_gain, self.config.policy.cooldown_s)
         if self._policy_cache is not None and self._policy_cache[0] == key:
@@ -360,7 +365,7 @@ class Daemon:
             return None
         t0 = self.timer()
         with self.sessions() as s, s.begin():
-            name, params, policy = self._policy(s)
+            name, params, policy = self._policy()
             inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
                                   seed=self.seed, with_size_history=getattr(
                                       policy, "uses_size_history", True))

@@ -838,6 +838,19 @@ def active_policy(session: Session, default_name: str,
     return str(name), dict(got.get(POLICY_PARAMS_KEY) or {})
 
 
+_OPERATOR_SETTINGS = select(Setting.key, Setting.value).where(
+    Setting.key.in_((PAUSED_KEY, POLICY_NAME_KEY, POLICY_PARAMS_KEY)))
+
+
+def operator_settings(session: Session) -> tuple[bool, tuple[str, dict[str, Any]] | None]:
+    """What operators set, in one query: (paused, (policy name, params) or None when no
+    operator chose a policy). The same values as `is_paused` and `active_policy`."""
+    got = dict(run_core(session, _OPERATOR_SETTINGS).all())
+    name = got.get(POLICY_NAME_KEY)
+    policy = None if name is None else (str(name), dict(got.get(POLICY_PARAMS_KEY) or {}))
+    return bool(got.get(PAUSED_KEY, False)), policy
+
+
 def set_policy(session: Session, name: str, params: Mapping[str, Any] | None = None,
                now: datetime | None = None) -> None:
     """Make ``name`` with ``params`` the active policy (the daemon uses it from its next cycle)."""

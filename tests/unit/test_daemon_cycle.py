@@ -371,3 +371,22 @@ def test_split_queue_keeps_every_started_job_and_the_first_waiting_ones():
     assert [j.slurm_job_id for j in queued] == ["6"]
     assert split_queue(jobs, observed, 0) == (jobs, [])
     assert split_queue(jobs, observed, 3) == (jobs, [])
+
+
+def test_the_policy_an_operator_sets_is_read_with_the_pause_by_the_poll(tmp_path):
+    c = Cluster(tmp_path)
+    c.malleable()
+    c.advance(1)
+    with c.sessions() as s, s.begin():
+        store.set_policy(s, "fifo", {}, c.engine.datetime_at())
+    r = c.daemon.decide_cycle()
+    with c.sessions() as s:
+        assert s.get(Decision, r.decision_id).policy == "fifo"
+    with c.sessions() as s, s.begin():
+        assert store.clear_policy(s)
+        store.set_paused(s, True, c.engine.datetime_at())
+    c.advance(20)
+    r = c.daemon.decide_cycle()
+    assert r.paused
+    with c.sessions() as s:
+        assert s.get(Decision, r.decision_id).policy == "equi"   # the configuration's

@@ -222,6 +222,7 @@ def test_settings_pause_and_policy(Session):
         assert store.get_setting(s, "missing", 5) == 5
         assert not store.is_paused(s)
         assert store.active_policy(s, "default", {"a": 1}) == ("default", {"a": 1})
+        assert store.operator_settings(s) == (False, None)
     with Session() as s, s.begin():
         store.set_paused(s, True, T0)
         store.set_policy(s, "hesrpt", {"p": 0.7}, T0)
@@ -230,6 +231,7 @@ def test_settings_pause_and_policy(Session):
     with Session() as s:
         assert store.is_paused(s)
         assert store.active_policy(s, "default") == ("hesrpt", {"p": 0.7})
+        assert store.operator_settings(s) == (True, ("hesrpt", {"p": 0.7}))
         assert store.get_setting(s, "x") == [3]
 
 
