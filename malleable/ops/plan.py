@@ -216,10 +216,27 @@ def render_plan(doc: dict) -> str:
         out.append("no actions: every job is at its target (or left alone, below)")
     for title, key in (("left alone this cycle", "skipped"), ("not allocated", "excluded")):
         if doc[key]:
-            out += ["", f"{title}:"] + [f"  {x['job_id']}: {x['reason']}" for x in doc[key]]
+            out += ["", f"{title}:"] + _reason_lines(doc[key])
     if doc["warnings"]:
         out += ["", "warnings:"] + [f"  {w}" for w in doc["warnings"]]
     return "\n".join(out)
+
+
+def _reason_lines(rows: list[dict], show: int = 10) -> list[str]:
+    """One line per job, but jobs that share a reason with more than ``show`` others
+    (e.g. the waiting jobs beyond the queue depth) as one line: their count, the first
+    ``show`` ids, the reason."""
+    by_reason: dict[str, list[str]] = {}
+    for x in rows:
+        by_reason.setdefault(x["reason"], []).append(x["job_id"])
+    out = []
+    for x in rows:
+        ids = by_reason[x["reason"]]
+        if len(ids) <= show + 1:
+            out.append(f"  {x['job_id']}: {x['reason']}")
+        elif ids[0] == x["job_id"]:
+            out.append(f"  {len(ids)} jobs ({', '.join(ids[:show])}, ...): {x['reason']}")
+    return out
 
 
 @click.command("plan")

@@ -574,3 +574,15 @@ def test_status_calls_a_lease_held_by_a_gone_local_process_stale(run, built):
     assert doc["daemon"]["health"] == "stale" and doc["daemon"]["holder_gone"] is True
     r = run("status", "--check")
     assert r.exit_code == 1 and "its process is gone" in r.stdout
+
+
+def test_plan_text_folds_many_jobs_that_share_a_reason():
+    from malleable.ops.plan import _reason_lines
+
+    rows = [{"job_id": "7", "reason": "no valid spec"}] + [
+        {"job_id": str(100 + i), "reason": "waiting beyond the queue depth"} for i in range(30)]
+    lines = _reason_lines(rows)
+    assert lines == ["  7: no valid spec",
+                     "  30 jobs (100, 101, 102, 103, 104, 105, 106, 107, 108, 109, ...): "
+                     "waiting beyond the queue depth"]
+    assert _reason_lines(rows[:12]) == [f"  {x['job_id']}: {x['reason']}" for x in rows[:12]]
