@@ -202,11 +202,11 @@ class DaemonConfig:
     """The service's schedule and limits."""
 
     poll_interval_s: float = _f(30.0, "how often Slurm is polled (one squeue per poll), s",
-                                gt=0, le=DAY_S, note="1 day")
+                                ge=1, le=DAY_S, note="1 day; a faster poll would load slurmctld")
     ingest_interval_s: float = _f(30.0, "how often progress files are read, s",
-                                  gt=0, le=DAY_S, note="1 day")
+                                  ge=1, le=DAY_S, note="1 day")
     decide_interval_s: float = _f(60.0, "how often the policy runs and actions are applied, s",
-                                  gt=0, le=DAY_S, note="1 day")
+                                  ge=1, le=DAY_S, note="1 day")
     housekeeping_interval_s: float = _f(3600.0, "how often retention runs, s",
                                         gt=0, le=7 * DAY_S, note="7 days")
     max_concurrent_requeues: int = _f(4, "checkpoint-requeues in flight at once",

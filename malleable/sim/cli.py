@@ -83,8 +83,8 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help='Parameters of one policy, e.g. las=\'{"starve_s": 1e12}\' (repeatable).')
 @click.option("--nodes", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--interval", type=_Finite(min=0, min_open=True), default=None,
-              help="Decide interval, simulated seconds. Default: --config's "
+@click.option("--interval", type=_Finite(min=1, max=86400), default=None,
+              help="Decide interval, simulated seconds (1 to 86400). Default: --config's "
                    "daemon.decide_interval_s, else the daemon's 60 s; given, it overrides "
                    "the config.")
 @click.option("--seed", "seeds", multiple=True, metavar="N[,N...]", default=("0",),

@@ -184,6 +184,8 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "static,,las"], "--policy 'static,,las': an empty name between commas"),
     (["--policy", "las", "--interval", "nan"], "Invalid value for '--interval': 'nan' is not a "
                                                "finite number"),
+    (["--policy", "las", "--interval", "0.5"], "Invalid value for '--interval': 0.5 is not in "
+                                               "the range 1<=x<=86400"),
     (["--policy", "las", "--load-scale", "inf"], "Invalid value for '--load-scale': 'inf'"),
     (["--policy", "pollux", "--format", "philly"], "missing column(s)"),
     (["--policy", "las", "--policy-params", 'pollux={"p": -1}'],

@@ -50,7 +50,7 @@ def test_an_unknown_log_level_in_lower_case_names_the_key_and_the_value_as_writt
     ('[daemon]\npoll_interval_s = "fast"\n', ["daemon.poll_interval_s", "'fast'", "expected number"]),
     ('[daemon]\ndry_run = 1\n', ["daemon.dry_run", "expected boolean"]),
     ('[daemon]\nmax_concurrent_requeues = true\n', ["daemon.max_concurrent_requeues", "expected integer"]),
-    ('[daemon]\npoll_interval_s = -5\n', ["daemon.poll_interval_s", "-5: expected a number > 0"]),
+    ('[daemon]\npoll_interval_s = -5\n', ["daemon.poll_interval_s", "-5: expected a number >= 1"]),
     ('[daemon]\nlog_level = "LOUD"\n', ["daemon.log_level", "LOUD", "one of"]),
     ('[daemon]\npoll_every = 3\n', ["daemon.poll_every", "unknown key"]),
     ('[deamon]\n', ["[deamon]", "unknown section"]),
@@ -79,3 +79,14 @@ def test_missing_default_file_gives_defaults(tmp_path, monkeypatch):
 def test_empty_config_env_counts_as_unset(tmp_path, monkeypatch):
     monkeypatch.setattr("malleable.config.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     assert load_config(env={"MALLEABLE_CONFIG": ""}).source == "<defaults>"
+
+
+@pytest.mark.parametrize("key", ["poll_interval_s", "ingest_interval_s", "decide_interval_s"])
+def test_cycle_intervals_have_a_one_second_floor(tmp_path, key):
+    p = tmp_path / "m.toml"
+    p.write_text(f"[daemon]\n{key} = 0.2\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(p)
+    assert f"daemon.{key} = 0.2: expected a number >= 1 and <= 86400" in str(exc.value)
+    p.write_text(f"[daemon]\n{key} = 1\n")
+    assert getattr(load_config(p).daemon, key) == 1.0
