@@ -176,7 +176,8 @@ class SlurmConfig:
     """How to reach Slurm."""
 
     backend: str = _f("auto", "auto | cli | pyslurm (auto: pyslurm if it imports and matches)",
-                      choices=("auto", "cli", "pyslurm"))
+                      choices=("auto", "cli", "pyslurm"), normalise=str.lower,
+                      note="any case, read as lower case")
     command_timeout_s: float = _f(30.0, "timeout of one Slurm command, seconds",
                                   gt=0, le=3600, note="1 hour")
     partitions: list = _f([], "partitions whose malleable jobs are managed; empty = all",

@@ -58,6 +58,9 @@ restart_cost       restart_cost_s                seconds lost per checkpoint-req
                                                  same units as grace (none: measured)
 =================  ============================  =======================================
 
+Every integer (``gpus`` and the ``int`` fields) is at most 2**63 - 1, what the
+state store holds; a larger one is refused as too large, with the bound.
+
 Long aliases equal to the attribute names (``batch_size``, ``grace_s``, ...)
 are accepted too; an unknown or repeated key is an error. `format_spec`
 writes the short keys, only for values that differ from the default, so
@@ -224,6 +227,7 @@ _SECONDS = re.compile(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)([smh]?)"
 _GPUS = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 _MODEL = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_MODEL_LEN}}}")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_TOO_LARGE = f"too large; expected an integer <= {MAX_INT} (2**63 - 1)"
 
 
 def _key_of(attr: str) -> str:
@@ -244,8 +248,10 @@ def _validate(s: MalleableSpec) -> None:
             continue
         if not isinstance(v, int) or isinstance(v, bool):
             raise _err(attr, v, "expected an integer")
-        if not 1 <= v <= MAX_INT:
+        if v < 1:
             raise _err(attr, v, "expected an integer >= 1")
+        if v > MAX_INT:
+            raise _err(attr, v, _TOO_LARGE)
     if s.min_gpus > s.max_gpus:
         raise SpecError(f"malleable spec: gpus={s.min_gpus}-{s.max_gpus}: "
                         f"minimum exceeds maximum", field="gpus",
@@ -283,9 +289,11 @@ def _parse_int(key: str, text: str) -> int:
         raise SpecError(f"malleable spec: {key}={text}: expected an integer", field=key,
                         value=text)
     value = int(text)
-    if not 1 <= value <= MAX_INT:
+    if value < 1:
         raise SpecError(f"malleable spec: {key}={text}: expected an integer >= 1", field=key,
                         value=text)
+    if value > MAX_INT:
+        raise SpecError(f"malleable spec: {key}={text}: {_TOO_LARGE}", field=key, value=text)
     return value
 
 

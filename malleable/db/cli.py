@@ -133,7 +133,21 @@ def _live_holder(engine: Engine, timeout_s: float) -> str | None:
     return f"{h.holder} (heartbeat {h.heartbeat_age_s:.0f} s ago)" if h.live else None
 
 
-@db.command()
+class _DowngradeCommand(click.Command):
+    """``db downgrade``, whose help lists the revisions REV may name: read from the
+    migration scripts (`schema.revision_notes`) when the help is shown, newest first,
+    then "base"."""
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_help_text(ctx, formatter)
+        notes = schema.revision_notes()
+        rows = [(f"{rev} (head)" if i == 0 else rev, doc) for i, (rev, doc) in enumerate(notes)]
+        rows.append(("base", "No schema: drops every table."))
+        with formatter.section("Revisions (newest first)"):
+            formatter.write_dl(rows)
+
+
+@db.command(cls=_DowngradeCommand)
 @store_options
 @click.argument("rev")
 @click.option("--force", is_flag=True,

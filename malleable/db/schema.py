@@ -75,6 +75,17 @@ def known_revisions() -> list[str]:
     return [s.revision for s in reversed(list(script_directory().walk_revisions()))]
 
 
+def revision_notes() -> list[tuple[str, str]]:
+    """Every revision this malleable knows, newest first, as (id, one-line description).
+
+    The description is the first paragraph of the migration script's docstring on
+    one line, e.g. ``("0001", "The first schema: every table of the state store.")``;
+    read from the scripts on each call (what ``malleable db downgrade --help`` lists).
+    """
+    return [(s.revision, " ".join((s.doc or "").split()))
+            for s in script_directory().walk_revisions()]
+
+
 @dataclass(frozen=True)
 class SchemaStatus:
     """Where a database's schema stands.

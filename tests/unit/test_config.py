@@ -46,6 +46,21 @@ def test_an_unknown_log_level_in_lower_case_names_the_key_and_the_value_as_writt
         load_config(p, env={})
 
 
+@pytest.mark.parametrize("written", ["cli", "CLI", "Cli", "PySlurm", "AUTO"])
+def test_slurm_backend_in_any_case_is_read_as_lower_case(tmp_path, written):
+    p = tmp_path / "m.toml"
+    p.write_text(f'[slurm]\nbackend = "{written}"\n')
+    assert load_config(p, env={}).slurm.backend == written.lower()
+
+
+def test_an_unknown_slurm_backend_names_the_key_and_the_value_as_written(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('[slurm]\nbackend = "REST"\n')
+    with pytest.raises(ConfigError, match=r"^slurm\.backend = 'REST': expected one of "
+                                          r"auto, cli, pyslurm$"):
+        load_config(p, env={})
+
+
 @pytest.mark.parametrize("text,words", [
     ('[daemon]\npoll_interval_s = "fast"\n', ["daemon.poll_interval_s", "'fast'", "expected number"]),
     ('[daemon]\ndry_run = 1\n', ["daemon.dry_run", "expected boolean"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -191,3 +192,34 @@ def test_downgrade_is_refused_while_a_daemon_holds_the_lease(tmp_path, monkeypat
     r = run(main, ["db", "downgrade", "base", "--force", "--database-url", url])
     assert r.exit_code == 0 and "to base" in r.output
     eng.dispose()
+
+
+def test_downgrade_help_lists_the_revisions_newest_first(newer_malleable):
+    """`db downgrade --help` named no revision: it lists every one the migration scripts
+    hold (id and the docstring's first line), newest first, then base; read when the
+    help is shown, so a newer script appears without editing the command."""
+    from click.testing import CliRunner
+
+    from malleable.cli import main
+
+    def listed(output: str) -> list[str]:
+        section = output.split("Revisions (newest first):\n", 1)[1].split("\n\n", 1)[0]
+        return [line.split()[0] for line in section.splitlines() if not line.startswith("    ")]
+
+    r = CliRunner().invoke(main, ["db", "downgrade", "--help"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert listed(r.output) == [*reversed(SHIPPED_ALL), "base"]
+    assert f"{SHIPPED} (head)" in r.output
+    assert re.search(r"\n  0001 +The first schema: every table of the state store\.\n", r.output)
+    newer_malleable(True)
+    r = CliRunner().invoke(main, ["db", "downgrade", "--help"], terminal_width=200)
+    assert listed(r.output) == ["9001", *reversed(SHIPPED_ALL), "base"]
+    assert re.search(r"\n  9001 \(head\) +test-only revision on top of the shipped head\n",
+                     r.output)
+
+
+def test_revision_notes_are_the_scripts_first_docstring_lines():
+    notes = schema.revision_notes()
+    assert [rev for rev, _ in notes] == list(reversed(SHIPPED_ALL))
+    assert notes[-1] == ("0001", "The first schema: every table of the state store.")
+    assert all(doc and "\n" not in doc for _, doc in notes)

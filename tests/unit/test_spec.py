@@ -248,3 +248,31 @@ def test_negative_integer_is_refused_as_out_of_range(text, field):
     with pytest.raises(SpecError, match=r"=-\d+: expected an integer >= 1") as info:
         parse_spec(text)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("text, field, value", [
+    ("malleable:gpus=1-99999999999999999999", "gpus", "99999999999999999999"),
+    ("malleable:gpus=99999999999999999999", "gpus", "99999999999999999999"),
+    ("malleable:gpus=2-4,batch=99999999999999999999", "batch", "99999999999999999999"),
+    ("malleable:gpus=2-4,target_steps=9223372036854775808", "target_steps",
+     "9223372036854775808"),
+])
+def test_too_large_integer_is_refused_as_too_large_with_the_bound(text, field, value):
+    """2**63 and above: the error says too large and gives the bound, not ">= 1"."""
+    with pytest.raises(SpecError) as info:
+        parse_spec(text)
+    assert str(info.value) == (f"malleable spec: {field}={value}: too large; "
+                               f"expected an integer <= 9223372036854775807 (2**63 - 1)")
+    assert (info.value.field, info.value.value) == (field, value)
+
+
+def test_largest_integer_is_accepted():
+    assert parse_spec("malleable:gpus=2-4,target_steps=9223372036854775807").target_steps == \
+        2**63 - 1
+
+
+def test_from_dict_refuses_a_too_large_integer_as_too_large():
+    with pytest.raises(SpecError, match=r"batch=9223372036854775808: too large; "
+                                        r"expected an integer <= 9223372036854775807") as info:
+        MalleableSpec.from_dict({"min_gpus": 1, "max_gpus": 2, "batch_size": 2**63})
+    assert info.value.field == "batch"
