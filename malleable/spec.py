@@ -59,7 +59,8 @@ restart_cost       restart_cost_s                seconds lost per checkpoint-req
 =================  ============================  =======================================
 
 Every integer (``gpus`` and the ``int`` fields) is at most 2**63 - 1, what the
-state store holds; a larger one is refused as too large, with the bound.
+state store holds, and ``grace`` and ``restart_cost`` at most 7 days; a larger
+value is refused as too large, with the bound.
 
 Long aliases equal to the attribute names (``batch_size``, ``grace_s``, ...)
 are accepted too; an unknown or repeated key is an error. `format_spec`
@@ -84,6 +85,7 @@ SIGNAL_TARGETS = ("batch", "full", "steps")
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "CONT", "WINCH")
 MAX_MODEL_LEN = 64
 MAX_INT = 2**63 - 1  # what SQLite's INTEGER holds
+MAX_SECONDS = 7 * 86400.0  # grace and restart_cost: a week (a datetime holds far more)
 
 
 class SpecError(ValueError):
@@ -266,6 +268,8 @@ def _validate(s: MalleableSpec) -> None:
             raise _err(attr, v, "expected a finite number")
         if attr in _SECONDS_FIELDS and v < 0:
             raise _err(attr, v, "expected seconds >= 0")
+        if attr in _SECONDS_FIELDS and v > MAX_SECONDS:
+            raise _err(attr, v, f"too large; expected seconds <= {MAX_SECONDS:.0f} (7 days)")
     if s.signal not in SIGNALS:
         raise _err("signal", s.signal, f"expected one of {', '.join(SIGNALS)}")
     if s.signal_target not in SIGNAL_TARGETS:

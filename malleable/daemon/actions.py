@@ -208,7 +208,9 @@ def advance(a: ActionState, obs: Observation) -> Transition:
         if _checkpointed(a, obs):
             return Transition(Step.REQUEUE_HOLD, note="checkpoint written")
         started = a.signalled_at or obs.now
-        if obs.now - started > timedelta(seconds=a.grace_s):
+        # Seconds as floats: a grace too long for a timedelta (a spec stored before its
+        # 7-day bound) must not raise here.
+        if (obs.now - started).total_seconds() > a.grace_s:
             return Transition(Step.ABANDONED,
                               note=f"no checkpoint within {a.grace_s:.0f} s grace; job left running")
         return Transition(step, wait=True, note="waiting for checkpoint")

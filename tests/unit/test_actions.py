@@ -76,6 +76,13 @@ def test_no_checkpoint_within_grace_abandons_without_touching_job():
     assert t.next_step == Step.ABANDONED
 
 
+def test_a_grace_too_long_for_a_timedelta_waits_instead_of_raising():
+    # A spec stored before grace had its 7-day bound: the wait must not overflow.
+    a = requeue(Step.WAIT_CHECKPOINT, signalled_at=T0, grace_s=1e20)
+    t = advance(a, obs(job(), now=T0 + timedelta(days=30)))
+    assert t.wait and t.next_step == Step.WAIT_CHECKPOINT and t.call is None
+
+
 def test_preemption_stays_held():
     a = requeue(Step.REQUEUE_HOLD, to=None)
     t = advance(a, obs(job()))

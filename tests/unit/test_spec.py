@@ -151,7 +151,7 @@ def test_format_has_no_blanks_and_short_keys():
 
 ints = st.integers(min_value=1, max_value=2**63 - 1)
 opt_ints = st.none() | ints
-seconds = st.floats(min_value=0, max_value=1e9, allow_nan=False, allow_infinity=False)
+seconds = st.floats(min_value=0, max_value=7 * 86400, allow_nan=False, allow_infinity=False)
 
 
 @st.composite
@@ -276,3 +276,13 @@ def test_from_dict_refuses_a_too_large_integer_as_too_large():
                                         r"expected an integer <= 9223372036854775807") as info:
         MalleableSpec.from_dict({"min_gpus": 1, "max_gpus": 2, "batch_size": 2**63})
     assert info.value.field == "batch"
+
+
+@pytest.mark.parametrize("text, field", [("grace=1e20", "grace"), ("restart_cost=604801", "restart_cost"),
+                                         ("grace=169h", "grace")])
+def test_seconds_above_a_week_are_refused_as_too_large(text, field):
+    with pytest.raises(SpecError) as info:
+        parse_spec(f"malleable:gpus=1-4,{text}")
+    assert info.value.field == field
+    assert "too large; expected seconds <= 604800 (7 days)" in str(info.value)
+    assert parse_spec("malleable:gpus=1-4,grace=168h,restart_cost=604800").grace_s == 604800.0
