@@ -574,8 +574,11 @@ class Reporter:
         for name, v in (("step", step), ("samples", samples)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name}={v!r}: expected an int")
-            if not 0 <= v <= MAX_INT:
+            if v < 0:
                 raise ValueError(f"{name}={v!r}: expected an integer >= 0")
+            if v > MAX_INT:
+                raise ValueError(f"{name}={v!r}: too large; expected an integer <= {MAX_INT} "
+                                 "(2**63 - 1)")
         if batch_size is not None:
             self.batch_size = self._check_batch(batch_size)
         if self.batch_size is None:

@@ -102,6 +102,9 @@ def test_bad_arguments_raise_and_nan_metrics_are_left_out(tmp_path, capsys):
         rep.log(1.5, 1, batch_size=8)
     with pytest.raises(ValueError, match="samples"):
         rep.log(1, -1, batch_size=8)
+    with pytest.raises(ValueError, match=r"step=9223372036854775808: too large; expected an "
+                                         r"integer <= 9223372036854775807 \(2\*\*63 - 1\)"):
+        rep.log(2**63, 1, batch_size=8)
     with pytest.raises(ValueError, match="job_id"):
         Reporter("../etc/passwd", tmp_path, install_handler=False)
     rep.log(2, 16, batch_size=8, metric=float("nan"), grad_var=float("inf"), grad_sqr=0.25)
