@@ -10,8 +10,8 @@ simulator runs this very code against a simulated Slurm and virtual time.
 
 Two cycles:
 
-* `poll_cycle`: one ``jobs()`` RPC, job rows and events updated, progress
-  ingested, in-flight actions advanced. Default every 30 s.
+* `poll_cycle`: one ``jobs()`` RPC, job rows and events updated and progress
+  ingested (one transaction), in-flight actions advanced. Default every 30 s.
 * `decide_cycle`: the same, then estimates, the policy, the reconciler and
   the actions it asks for. Default every 60 s.
 
@@ -179,6 +179,7 @@ class Daemon:
         self.paused = False  # the operator's pause, as the last successful poll read it
         # The operator's policy choice (name, params) as that poll read it; None: none.
         self.operator_policy: tuple[str, dict] | None = None
+        self.last_ingest: IngestReport | None = None  # of the last poll that ingested
         self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
@@ -194,9 +195,13 @@ class Daemon:
         """Slurm RPCs made through this daemon's port so far (the port's ``rpc_count``)."""
         return int(getattr(self.slurm, "rpc_count", 0))
 
-    def poll(self, now: datetime) -> bool:
+    def poll(self, now: datetime, ingest: bool = False) -> bool:
         """One ``jobs()`` RPC; store jobs and events, and read the operator's pause
-        into ``paused`` (same transaction). False if Slurm did not answer."""
+        into ``paused`` (same transaction). False if Slurm did not answer.
+
+        ``ingest``: also read the new progress lines in that transaction (`ingest`'s
+        work; its report in ``last_ingest``), so what Slurm and the jobs said at this
+        instant is committed together."""
         rpc0 = self.rpc_count()
         try:
             jobs = self.slurm.jobs()
@@ -222,6 +227,7 @@ class Daemon:
             # read of its own; the pause and the policy the cycle decides with are read
             # together, so an operator's `policy set` and `pause` are seen alike).
             self.paused, self.operator_policy = store.operator_settings(s)
+            self.last_ingest = self._ingest_in(s, now) if ingest else None
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
         self.poll_incomplete = bool(skipped)
@@ -262,17 +268,22 @@ class Daemon:
         return True
 
     def ingest(self, now: datetime) -> IngestReport:
-        """Read new progress lines of the malleable jobs (and those that just ended)."""
-        recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
+        """Read new progress lines of the malleable jobs (and those that just ended),
+        in a transaction of their own."""
         with self.sessions() as s, s.begin():
-            # Active jobs, and those that ended lately (their last lines, e.g. `finished`).
-            # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
-            rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
-            report = ingest_progress(
-                s, [IngestJob.of(j) for j in rows], self.spool, now=now,
-                max_bytes_per_job=self.config.progress.max_bytes_per_job,
-                max_future_s=self.config.progress.max_future_s, cursors=self.cursors,
-                files=store.progress_files_of(rows))
+            return self._ingest_in(s, now)
+
+    def _ingest_in(self, s, now: datetime) -> IngestReport:
+        """`ingest` in the caller's transaction."""
+        recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
+        # Active jobs, and those that ended lately (their last lines, e.g. `finished`).
+        # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
+        rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
+        report = ingest_progress(
+            s, [IngestJob.of(j) for j in rows], self.spool, now=now,
+            max_bytes_per_job=self.config.progress.max_bytes_per_job,
+            max_future_s=self.config.progress.max_future_s, cursors=self.cursors,
+            files=store.progress_files_of(rows))
         for sid, reasons in report.rejected_by_job.items():
             log.warning("rejected progress lines: %s", dict(reasons), extra={"job": sid})
         return report
@@ -541,10 +552,10 @@ class Daemon:
     def poll_cycle(self) -> CycleReport:
         """Poll, ingest, advance in-flight actions."""
         report, now, t0, rpc0 = self._begin("poll")
-        if self.poll(now):
+        if self.poll(now, ingest=True):
             report.paused = self.paused
             report.jobs = len(self.observed)
-            report.ingest = self.ingest(now)
+            report.ingest = self.last_ingest
             report.drive = self.drive(now, report.paused)
         else:
             report.paused = self._paused()
@@ -554,13 +565,13 @@ class Daemon:
     def decide_cycle(self) -> CycleReport:
         """Poll, ingest, advance actions, decide, reconcile, act."""
         report, now, t0, rpc0 = self._begin("decide")
-        if not self.poll(now):
+        if not self.poll(now, ingest=True):
             report.paused = self._paused()
             report.slurm_unavailable = True
             return self._end(report, t0, rpc0)
         report.paused = self.paused
         report.jobs = len(self.observed)
-        report.ingest = self.ingest(now)
+        report.ingest = self.last_ingest
         report.drive = self.drive(now, report.paused)
         if report.drive.slurm_unavailable:
             report.slurm_unavailable = True
