@@ -150,29 +150,41 @@ class Actuator:
     # ------------------------------------------------------------------ create
 
     def create(self, planned: Iterable[PlannedAction], now: datetime, *,
-               decision_id: int | None, observed: dict[str, SlurmJob]) -> list[int]:
+               decision_id: int | None, observed: dict[str, SlurmJob],
+               session: Session | None = None) -> list[int]:
         """Record planned actions (one committed transaction, before any of them runs).
+
+        Args:
+            session: the caller's read-write session in a transaction, which must
+                commit before `drive` runs the actions; None: a transaction of its own.
 
         Returns:
             The new actions' ids, in execution order.
         """
-        ids: list[int] = []
+        if session is not None:
+            return self._create_in(session, planned, now, decision_id, observed)
         with self.sessions() as s, s.begin():
-            db_ids = store.job_ids(s, [p.job_id for p in planned])
-            for p in planned:
-                jid = db_ids.get(p.job_id)
-                if jid is None:
-                    continue
-                sj = observed.get(p.job_id)
-                a = store.create_action(
-                    s, job_id=jid, kind=p.kind.value, state=FIRST_STEP[p.kind].value,
-                    to_gpus=p.to_gpus, now=now, from_gpus=p.from_gpus,
-                    from_nodes=sj.node_count if sj else None,
-                    to_nodes=p.to_shape.nodes if p.to_shape else None,
-                    decision_id=decision_id,
-                    restart_count_at_start=sj.restart_count if sj else 0,
-                    note=p.reason)
-                ids.append(a.id)
+            return self._create_in(s, planned, now, decision_id, observed)
+
+    @staticmethod
+    def _create_in(s: Session, planned: Iterable[PlannedAction], now: datetime,
+                   decision_id: int | None, observed: dict[str, SlurmJob]) -> list[int]:
+        ids: list[int] = []
+        db_ids = store.job_ids(s, [p.job_id for p in planned])
+        for p in planned:
+            jid = db_ids.get(p.job_id)
+            if jid is None:
+                continue
+            sj = observed.get(p.job_id)
+            a = store.create_action(
+                s, job_id=jid, kind=p.kind.value, state=FIRST_STEP[p.kind].value,
+                to_gpus=p.to_gpus, now=now, from_gpus=p.from_gpus,
+                from_nodes=sj.node_count if sj else None,
+                to_nodes=p.to_shape.nodes if p.to_shape else None,
+                decision_id=decision_id,
+                restart_count_at_start=sj.restart_count if sj else 0,
+                note=p.reason)
+            ids.append(a.id)
         return ids
 
     # ------------------------------------------------------------------ drive

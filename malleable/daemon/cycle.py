@@ -37,6 +37,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -370,38 +371,44 @@ class Daemon:
             return "static", {}, with_hysteresis(get_policy("static"), self.config.policy)
 
     def decide(self, now: datetime, report: CycleReport) -> tuple[PolicyInputs, Allocation] | None:
-        """Estimates and the policy; records the decision and its targets."""
+        """Estimates and the policy; records the decision and its targets (one
+        transaction). None: no node list, no decision."""
         if not self.refresh_nodes(now):
             log.warning("no node list; no decision this cycle")
             return None
-        t0 = self.timer()
         with self.sessions() as s, s.begin():
-            name, params, policy = self._policy()
-            inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
-                                  seed=self.seed, with_size_history=getattr(
-                                      policy, "uses_size_history", True))
-            alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
-            duration = self.timer() - t0
-            targets = [store.TargetIn(j.id, int(alloc.gpus[i]), int(alloc.batch[i]) or None,
-                                      alloc.reason[i]) for i, j in enumerate(inputs.jobs)]
-            objective = float(alloc.objective) if np.isfinite(alloc.objective) else None
-            d = store.record_decision(s, time=now, policy=name, params=params,
-                                      inputs_digest=inputs.digest, objective=objective,
-                                      duration_s=duration, dry_run=self.dry_run,
-                                      targets=targets)
-            est = inputs.estimates
-            params = estimate_params_all(est)
-            remaining, remaining_sd = (json_floats(est.remaining_work),
-                                       json_floats(est.remaining_std))
-            flags = np.asarray(est.flags).tolist()
-            store.record_estimates(s, ({
-                "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
-                "params": params[i], "remaining_work": remaining[i],
-                "remaining_work_sd": remaining_sd[i],
-                "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)))
-            report.decision_id = d
-            report.objective = objective
-            report.managed = len(inputs.jobs)
+            return self._decide_in(s, now, report)
+
+    def _decide_in(self, s, now: datetime, report: CycleReport
+                   ) -> tuple[PolicyInputs, Allocation]:
+        """`decide` in the caller's transaction, the node list already read."""
+        t0 = self.timer()
+        name, params, policy = self._policy()
+        inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
+                              seed=self.seed, with_size_history=getattr(
+                                  policy, "uses_size_history", True))
+        alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
+        duration = self.timer() - t0
+        targets = [store.TargetIn(j.id, int(alloc.gpus[i]), int(alloc.batch[i]) or None,
+                                  alloc.reason[i]) for i, j in enumerate(inputs.jobs)]
+        objective = float(alloc.objective) if np.isfinite(alloc.objective) else None
+        d = store.record_decision(s, time=now, policy=name, params=params,
+                                  inputs_digest=inputs.digest, objective=objective,
+                                  duration_s=duration, dry_run=self.dry_run,
+                                  targets=targets)
+        est = inputs.estimates
+        params = estimate_params_all(est)
+        remaining, remaining_sd = (json_floats(est.remaining_work),
+                                   json_floats(est.remaining_std))
+        flags = np.asarray(est.flags).tolist()
+        store.record_estimates(s, ({
+            "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
+            "params": params[i], "remaining_work": remaining[i],
+            "remaining_work_sd": remaining_sd[i],
+            "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)))
+        report.decision_id = d
+        report.objective = objective
+        report.managed = len(inputs.jobs)
         log.info("decision %d: policy %s on %d jobs, %d GPUs free for malleable jobs, "
                  "%.1f ms", report.decision_id, name, len(inputs.jobs), inputs.capacity.total,
                  duration * 1e3)
@@ -410,12 +417,16 @@ class Daemon:
     # ------------------------------------------------------------------ apply
 
     def apply(self, now: datetime, inputs: PolicyInputs, alloc: Allocation,
-              report: CycleReport, paused: bool) -> None:
-        """Reconcile the plan with what Slurm reports and start the actions it needs."""
+              report: CycleReport, paused: bool, session=None) -> None:
+        """Reconcile the plan with what Slurm reports and record the actions it needs
+        (they run when the actuator next drives).
+
+        ``session``: the caller's read-write session, in a transaction (e.g. the one
+        that recorded the decision); None: transactions of its own."""
         jobs = inputs.jobs
         g = inputs.capacity.gpus_per_node
         # One transaction: the superseded OBSERVE steps end first, then the reads see them.
-        with self.sessions() as s, s.begin():
+        with self._transaction(session) as s:
             unfinished = store.unfinished_action_rows(s)
             if not (self.dry_run or paused):
                 done = self._supersede_observing(s, now, jobs, alloc, report.decision_id,
@@ -473,7 +484,17 @@ class Daemon:
             if p.kind in (ActionKind.REQUEUE, ActionKind.ADMIT) and p.to_shape is not None:
                 self._write_plan(p, now)
         self.actuator.create(planned, now, decision_id=report.decision_id,
-                             observed=self.observed)
+                             observed=self.observed, session=session)
+
+    @contextmanager
+    def _transaction(self, session=None):
+        """``session`` itself if given (the caller's transaction), else a new session
+        in a transaction that commits when the block ends."""
+        if session is not None:
+            yield session
+            return
+        with self.sessions() as s, s.begin():
+            yield s
 
     def _supersede_observing(self, s, now: datetime, jobs: list, alloc: Allocation,
                              decision_id: int | None, unfinished: list) -> set[int]:
@@ -576,15 +597,19 @@ class Daemon:
         if report.drive.slurm_unavailable:
             report.slurm_unavailable = True
             return self._end(report, t0, rpc0)
-        decided = self.decide(now, report)
-        if decided is not None:
-            inputs, alloc = decided
-            self.apply(now, inputs, alloc, report, report.paused)
-            # Drive again only what apply created: every older action was driven as far
-            # as it could go at this instant above (apply only ends some of them).
-            if not (self.dry_run or report.paused) and report.planned:
-                more = self.actuator.drive(now, self.observed, refresh=self._refresh())
-                report.drive = _merge(report.drive, more)
+        if not self.refresh_nodes(now):   # (before the transaction: it may be an RPC)
+            log.warning("no node list; no decision this cycle")
+            return self._end(report, t0, rpc0)
+        # The decision, its targets and estimates, and the actions it needs: one
+        # transaction.
+        with self.sessions() as s, s.begin():
+            inputs, alloc = self._decide_in(s, now, report)
+            self.apply(now, inputs, alloc, report, report.paused, session=s)
+        # Drive again only what apply created: every older action was driven as far
+        # as it could go at this instant above (apply only ends some of them).
+        if not (self.dry_run or report.paused) and report.planned:
+            more = self.actuator.drive(now, self.observed, refresh=self._refresh())
+            report.drive = _merge(report.drive, more)
         return self._end(report, t0, rpc0)
 
     def release_holds(self) -> int:
