@@ -31,33 +31,24 @@ def test_env_overrides_database_url(tmp_path):
     assert cfg.database.url == "sqlite:////tmp/b.db"
 
 
-@pytest.mark.parametrize("written", ["info", "Info", "INFO", "warning", "Debug"])
-def test_log_level_in_any_case_is_read_as_upper_case(tmp_path, written):
+@pytest.mark.parametrize("section, key, written, read", [
+    *[("daemon", "log_level", w, w.upper()) for w in ("info", "Info", "INFO", "warning", "Debug")],
+    *[("slurm", "backend", w, w.lower()) for w in ("cli", "CLI", "Cli", "PySlurm", "AUTO")]])
+def test_choices_in_any_case_are_read_in_the_field_s_case(tmp_path, section, key, written, read):
     p = tmp_path / "m.toml"
-    p.write_text(f'[daemon]\nlog_level = "{written}"\n')
-    assert load_config(p, env={}).daemon.log_level == written.upper()
+    p.write_text(f'[{section}]\n{key} = "{written}"\n')
+    assert getattr(getattr(load_config(p, env={}), section), key) == read
 
 
-def test_an_unknown_log_level_in_lower_case_names_the_key_and_the_value_as_written(tmp_path):
+@pytest.mark.parametrize("section, key, written, choices", [
+    ("daemon", "log_level", "loud", "DEBUG, INFO, WARNING, ERROR"),
+    ("slurm", "backend", "REST", "auto, cli, pyslurm")])
+def test_an_unknown_choice_names_the_key_and_the_value_as_written(tmp_path, section, key,
+                                                                  written, choices):
     p = tmp_path / "m.toml"
-    p.write_text('[daemon]\nlog_level = "loud"\n')
-    with pytest.raises(ConfigError, match=r"^daemon\.log_level = 'loud': expected one of "
-                                          r"DEBUG, INFO, WARNING, ERROR$"):
-        load_config(p, env={})
-
-
-@pytest.mark.parametrize("written", ["cli", "CLI", "Cli", "PySlurm", "AUTO"])
-def test_slurm_backend_in_any_case_is_read_as_lower_case(tmp_path, written):
-    p = tmp_path / "m.toml"
-    p.write_text(f'[slurm]\nbackend = "{written}"\n')
-    assert load_config(p, env={}).slurm.backend == written.lower()
-
-
-def test_an_unknown_slurm_backend_names_the_key_and_the_value_as_written(tmp_path):
-    p = tmp_path / "m.toml"
-    p.write_text('[slurm]\nbackend = "REST"\n')
-    with pytest.raises(ConfigError, match=r"^slurm\.backend = 'REST': expected one of "
-                                          r"auto, cli, pyslurm$"):
+    p.write_text(f'[{section}]\n{key} = "{written}"\n')
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key} = '{written}': expected one of "
+                                          rf"{choices}$"):
         load_config(p, env={})
 
 
