@@ -145,6 +145,27 @@ _UPSERT_SELECT_OR_IN_STATES = select(*_UPSERT_COLUMNS).where(
     Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True))
     | Job.__table__.c.state.in_(bindparam("states", expanding=True)))
 _INSERT_JOB = insert(Job.__table__).returning(Job.__table__.c.id)
+_RENAME_JOB = (update(Job.__table__).where(Job.__table__.c.id == bindparam("_id"))
+               .values(slurm_job_id=bindparam("_sid")))
+_MOVE_PROGRESS_FILE = (update(ProgressFile.__table__)
+                       .where(ProgressFile.__table__.c.job_id == bindparam("_old"))
+                       .values(job_id=bindparam("_new")))
+
+
+def reused_id(stored: Mapping[str, Any], sj: SlurmJob) -> bool:
+    """Whether Slurm gave the id of the finished job ``stored`` (a row of ``jobs``) to
+    the new job ``sj``: its job ids started again (e.g. the controller's state was
+    reset) or wrapped at MaxJobId. A finished job that Slurm requeued comes back with
+    a higher restart count; a new one with a later submit time and no more restarts."""
+    return (stored["state"] in FINISHED_STATES and sj.restart_count <= stored["restart_count"]
+            and stored["submit_time"] is not None and sj.submit_time is not None
+            and sj.submit_time > stored["submit_time"])
+
+
+def renamed_id(slurm_job_id: str, row_id: int) -> str:
+    """The ``slurm_job_id`` a finished job's rows keep once Slurm reused its id:
+    ``<id>~<jobs.id>`` (no Slurm id has a ``~``)."""
+    return f"{slurm_job_id}~{row_id}"
 _INSERT_EVENTS = insert(JobEvent.__table__)
 _INSERT_SAMPLES = insert(ProgressSample.__table__)
 _INSERT_ESTIMATES = insert(Estimate.__table__)
@@ -177,7 +198,9 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
 
     Events (`JobEvent.kind`): "new" on first sight; "state" when the state
     changes; "size" when GPUs or nodes change; "restart" when Slurm's restart
-    count grows (a requeue).
+    count grows (a requeue); "renamed" on a finished job whose id Slurm gave to a
+    new job (`reused_id`): its rows are kept under `renamed_id`, the new job gets
+    a row of its own and the finished job's progress-file read position.
 
     Works on table rows (SQLAlchemy Core), not ORM entities: one SELECT of the
     compared columns per 500 jobs, one INSERT per new job, one executemany per
@@ -222,8 +245,19 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     events: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    moved: dict[str, int] = {}   # Slurm id -> jobs.id of the finished job that had it
     for sid, sj in incoming.items():
         job = existing.get(sid)
+        if job is not None and reused_id(job, sj):
+            # A new job: the finished one keeps its rows under another id, and its
+            # progress file's read position passes to the new job (the new job appends
+            # to the same spool file, named by the id), so old lines are not read again.
+            run_core(session, _RENAME_JOB, {"_id": job["id"], "_sid": renamed_id(sid, job["id"])})
+            events.append(_event(job["id"], now, "renamed", detail=(
+                f"Slurm gave id {sid} to a new job submitted at {sj.submit_time.isoformat()}; "
+                f"this job's rows are kept as {renamed_id(sid, job['id'])}")))
+            moved[sid] = job["id"]
+            job = None
         state = sj.state.value
         comment = sj.comment or None
         values = {"spec_text": comment, "name": sj.name, "user": sj.user, "uid": sj.uid,
@@ -241,6 +275,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
                 row.update(spec=spec, spec_error=error, malleable=spec is not None)
             jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
+            if sid in moved:
+                run_core(session, _MOVE_PROGRESS_FILE, {"_old": moved[sid], "_new": jid})
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
                                  new_nodes=sj.node_count))
             new += 1

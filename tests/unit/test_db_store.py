@@ -471,3 +471,43 @@ def test_save_progress_files_writes_only_changed_columns_and_the_same_rows(engin
         'UPDATE progress_files SET inode=?, "offset"=?, size=?, last_read_at=?, '
         'rejected=? WHERE progress_files.id = ?']
     assert st.count("INSERT INTO progress_files") == 1
+
+
+def test_an_id_slurm_gives_to_a_new_job_starts_a_new_row(Session):
+    # Slurm's job ids start again after its state is reset: a new job "5" after the
+    # finished one. The finished job keeps its rows under "5~<id>"; the new one starts
+    # with no attained service, and reads the spool file from where the old one stopped.
+    T1 = T0 + timedelta(hours=2)
+    with Session() as s, s.begin():
+        old = store.upsert_jobs(s, [sj("5", JobState.RUNNING, submit_time=T0)], T0).ids["5"]
+        store.upsert_jobs(s, [sj("5", JobState.RUNNING, submit_time=T0)], T0 + timedelta(hours=1))
+        store.upsert_jobs(s, [sj("5", JobState.COMPLETED, submit_time=T0)],
+                          T0 + timedelta(hours=1, seconds=30))
+        store.save_progress_file(s, job_id=old, path="/spool/5.jsonl", device=1, inode=2,
+                                 offset=900, size=900, now=T0, accepted=9)
+    with Session() as s, s.begin():
+        new = store.upsert_jobs(s, [sj("5", submit_time=T1)], T1).ids["5"]
+    assert new != old
+    with Session() as s:
+        rows = {j.id: j for j in s.scalars(select(Job))}
+        assert rows[old].slurm_job_id == f"5~{old}" and rows[old].state == "COMPLETED"
+        assert rows[old].attained_gpu_s == pytest.approx(4 * 3630.0)
+        assert rows[new].slurm_job_id == "5" and rows[new].state == "PENDING"
+        assert rows[new].attained_gpu_s == 0.0 and rows[new].arrival_time == T1
+        assert store.get_progress_file(s, old) is None
+        assert store.get_progress_file(s, new).offset == 900
+        kinds = {(e.job_id, e.kind) for e in s.scalars(select(JobEvent))}
+        assert (old, "renamed") in kinds and (new, "new") in kinds
+
+
+def test_a_finished_job_slurm_requeues_keeps_its_row(Session):
+    # `scontrol requeue` of a finished job: the same job again, its restart count up.
+    T1 = T0 + timedelta(hours=2)
+    with Session() as s, s.begin():
+        first = store.upsert_jobs(s, [sj("6", JobState.COMPLETED, submit_time=T0)], T0).ids["6"]
+        again = store.upsert_jobs(s, [sj("6", submit_time=T1, restarts=1)], T1).ids["6"]
+        # Still listed as finished, the same submit time: the same job.
+        same = store.upsert_jobs(s, [sj("7", JobState.FAILED, submit_time=T0)], T0).ids["7"]
+        assert store.upsert_jobs(s, [sj("7", JobState.FAILED, submit_time=T0)], T1).ids["7"] \
+            == same
+    assert again == first
