@@ -254,7 +254,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             # to the same spool file, named by the id), so old lines are not read again.
             run_core(session, _RENAME_JOB, {"_id": job["id"], "_sid": renamed_id(sid, job["id"])})
             events.append(_event(job["id"], now, "renamed", detail=(
-                f"Slurm gave id {sid} to a new job submitted at {sj.submit_time.isoformat()}; "
+                f"Slurm gave id {sid} to a new job submitted at "
+                f"{sj.submit_time.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}; "
                 f"this job's rows are kept as {renamed_id(sid, job['id'])}")))
             moved[sid] = job["id"]
             job = None
