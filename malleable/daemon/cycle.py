@@ -55,7 +55,7 @@ from malleable.daemon.estimates import (
     json_floats,
 )
 from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
-from malleable.daemon.inputs import PolicyInputs, build_inputs
+from malleable.daemon.inputs import InputsCache, PolicyInputs, build_inputs
 from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
 from malleable.daemon.shapes import Shape
@@ -172,6 +172,7 @@ class Daemon:
         self.nodes_refresh_s = nodes_refresh_s
         self.seed = seed
         self.book = EstimatorBook()
+        self.inputs_cache = InputsCache()   # job-event values between cycles
         self.cursors = Cursors()
         self.actuator = Actuator(slurm, sessions)
         self.observed: dict[str, SlurmJob] = {}
@@ -218,6 +219,7 @@ class Daemon:
             # The active jobs the poll does not list come with the upsert's own read.
             upserted = store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict,
                                          unlisted_in=() if skipped else _ACTIVE_STATES)
+            self.inputs_cache.forget(upserted.resized)
             if skipped:
                 log.warning("the poll skipped %d job record(s) it could not parse; no job is "
                             "taken as finished for missing from it", len(skipped))
@@ -386,7 +388,8 @@ class Daemon:
         name, params, policy = self._policy()
         inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
                               seed=self.seed, with_size_history=getattr(
-                                  policy, "uses_size_history", True))
+                                  policy, "uses_size_history", True),
+                              cache=self.inputs_cache)
         alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
         duration = self.timer() - t0
         targets = [store.TargetIn(j.id, int(alloc.gpus[i]), int(alloc.batch[i]) or None,

@@ -185,12 +185,53 @@ _SIZE_HISTORY = (select(Job.attained_gpu_s).where(
     Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(bindparam("limit")))
 
 
-def _last_change(s: Session, ids: list[int]) -> dict[int, datetime]:
-    return {j: t for j, t in run_core(s, _LAST_CHANGE, {"ids": ids})}
+@dataclass
+class InputsCache:
+    """Per job (``jobs.id``), values `build_inputs` reads from job events that only a poll
+    changes, kept between cycles by the daemon:
+
+    * ``requested``: GPUs at first sight (its "new" event: never changes);
+    * ``last_change``: the time of its latest "size" or "restart" event, None if none;
+      `forget` them for the jobs a poll gave such an event (`UpsertResult.resized`).
+    """
+
+    requested: dict[int, int] = field(default_factory=dict)
+    last_change: dict[int, datetime | None] = field(default_factory=dict)
+
+    def forget(self, job_ids) -> None:
+        """Drop the ``last_change`` of ``job_ids`` (they got a size or restart event)."""
+        for j in job_ids:
+            self.last_change.pop(j, None)
+
+    def keep_only(self, job_ids: set[int]) -> None:
+        """Drop every job not in ``job_ids`` (no longer managed)."""
+        for d in (self.requested, self.last_change):
+            for j in [j for j in d if j not in job_ids]:
+                del d[j]
 
 
-def _requested(s: Session, ids: list[int]) -> dict[int, int]:
-    return {j: int(g or 0) for j, g in run_core(s, _REQUESTED, {"ids": ids})}
+def _last_change(s: Session, ids: list[int], cache: InputsCache | None = None
+                 ) -> dict[int, datetime]:
+    """Per job, the time of its latest size or restart event (absent: none)."""
+    if cache is None:
+        return {j: t for j, t in run_core(s, _LAST_CHANGE, {"ids": ids})}
+    missing = [j for j in ids if j not in cache.last_change]
+    if missing:
+        got = dict(run_core(s, _LAST_CHANGE, {"ids": missing}).all())
+        for j in missing:
+            cache.last_change[j] = got.get(j)
+    return {j: t for j in ids if (t := cache.last_change[j]) is not None}
+
+
+def _requested(s: Session, ids: list[int], cache: InputsCache | None = None) -> dict[int, int]:
+    """Per job, the GPUs it asked for at first sight (absent: no "new" event)."""
+    if cache is None:
+        return {j: int(g or 0) for j, g in run_core(s, _REQUESTED, {"ids": ids})}
+    missing = [j for j in ids if j not in cache.requested]
+    if missing:
+        cache.requested.update((j, int(g or 0)) for j, g in
+                               run_core(s, _REQUESTED, {"ids": missing}))
+    return {j: cache.requested[j] for j in ids if j in cache.requested}
 
 
 def _measured_restart_cost(s: Session, ids: list[int]) -> dict[int, float]:
@@ -227,7 +268,8 @@ def size_history(s: Session, limit: int = 5000) -> np.ndarray:
 
 def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[SlurmNode],
                  book: EstimatorBook, now: datetime, config: Config, *, seed: int = 0,
-                 with_size_history: bool = True) -> PolicyInputs:
+                 with_size_history: bool = True, cache: InputsCache | None = None
+                 ) -> PolicyInputs:
     """The policy's inputs for this cycle.
 
     Args:
@@ -242,6 +284,8 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
         with_size_history: read ``Context.size_history`` (finished jobs' attained
             service); False leaves it empty, for a policy that does not use it
             (`Policy.uses_size_history`).
+        cache: values kept from earlier cycles (`InputsCache`; the caller forgets
+            what its polls changed); None: read every value.
 
     Returns:
         `PolicyInputs`. Never raises for one job's bad values: the job is excluded.
@@ -289,8 +333,10 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
     est, table = book.run(s, jobs, g, capacity.total)
 
     ids = [j.id for j in jobs]
-    changed = _last_change(s, ids)
-    requested = _requested(s, ids)
+    if cache is not None:
+        cache.keep_only(set(ids))
+    changed = _last_change(s, ids, cache)
+    requested = _requested(s, ids, cache)
     measured = _measured_restart_cost(s, ids)
     default_cost = float(config.policy.default_restart_cost_s)
     now_s = now.timestamp()

@@ -106,13 +106,15 @@ def _chunks(seq: Sequence, n: int = _CHUNK) -> Iterable[Sequence]:
 class UpsertResult:
     """What `upsert_jobs` did: jobs added, jobs changed, events written, Slurm id -> jobs.id
     of the jobs given; ``unlisted``: Slurm id -> jobs.id of the stored jobs in one of the
-    ``unlisted_in`` states that were not given (empty if none were asked for)."""
+    ``unlisted_in`` states that were not given (empty if none were asked for);
+    ``resized``: jobs.id of the jobs given a "size" or "restart" event."""
 
     new: int
     changed: int
     events: int
     ids: dict[str, int]
     unlisted: dict[str, int] = field(default_factory=dict)
+    resized: frozenset[int] = frozenset()
 
 
 def _parse(comment: str, parse_spec: SpecParser) -> tuple[dict | None, str | None]:
@@ -314,7 +316,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         run_core(session, _INSERT_EVENTS, events)
     # `Job` entities this session had loaded would show the old values: reload on access.
     _expire_loaded(session, Job)
-    return UpsertResult(new, changed, len(events), ids, unlisted)
+    resized = frozenset(e["job_id"] for e in events if e["kind"] in ("size", "restart"))
+    return UpsertResult(new, changed, len(events), ids, unlisted, resized)
 
 
 def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:

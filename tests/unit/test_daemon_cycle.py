@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from sqlalchemy import select
 
 from malleable.config import parse_config
@@ -390,3 +391,30 @@ def test_the_policy_an_operator_sets_is_read_with_the_pause_by_the_poll(tmp_path
     assert r.paused
     with c.sessions() as s:
         assert s.get(Decision, r.decision_id).policy == "equi"   # the configuration's
+
+
+def test_the_inputs_cache_gives_what_reading_the_events_gives(tmp_path):
+    from malleable.daemon.inputs import build_inputs
+
+    c = Cluster(tmp_path)
+    c.submit(1, 4, RigidJob(1e6))                     # node1
+    p = c.malleable()                                 # node2, 2 of 4 GPUs
+    c.advance(60)
+    c.daemon.decide_cycle()                           # equi: P grows to 4 (requeue)
+    for _ in range(8):
+        c.advance(10)
+        c.daemon.poll_cycle()
+    assert c.job(p).restart_count == 1 and c.job(p).gpus == 4
+    c.advance(20)
+    c.daemon.decide_cycle()                           # the cache now holds P's values
+
+    def inputs(cache):
+        with c.sessions() as s:
+            return build_inputs(s, c.daemon.observed, c.daemon.nodes, c.daemon.book,
+                                c.engine.datetime_at(), c.daemon.config, cache=cache).jobset
+
+    cached, read = inputs(c.daemon.inputs_cache), inputs(None)
+    assert c.daemon.inputs_cache.last_change[c.db_id(p)] is not None
+    np.testing.assert_array_equal(cached.since_change, read.since_change)
+    np.testing.assert_array_equal(cached.requested, read.requested)
+    assert read.requested.tolist() == [2] and np.isfinite(read.since_change).all()
