@@ -28,10 +28,15 @@ from malleable.db.store import run_core
 
 # Built once (building a statement costs more than running it); IN lists expand at run time.
 _IDS = bindparam("ids", expanding=True)
-_HOLDS = (select(Action.job_id, Action.kind, Action.to_gpus, Action.state)
-          .where(Action.job_id.in_(_IDS), Action.finished_at.is_not(None),
-                 Action.state == Step.DONE.value)
-          .order_by(Action.job_id, Action.id))
+# Per job, its latest finished action that changed its hold state (one row per job,
+# not its whole history).
+_HOLD_KINDS = (ActionKind.HOLD.value, ActionKind.ADMIT.value, ActionKind.REQUEUE.value)
+_LATEST_HOLD_CHANGE = (select(func.max(Action.id))
+                       .where(Action.job_id.in_(_IDS), Action.finished_at.is_not(None),
+                              Action.state == Step.DONE.value, Action.kind.in_(_HOLD_KINDS))
+                       .group_by(Action.job_id))
+_HOLDS = select(Action.job_id, Action.kind, Action.to_gpus).where(
+    Action.id.in_(_LATEST_HOLD_CHANGE))
 _NO_CHECKPOINT = (select(JobEvent.job_id, func.count(), func.max(JobEvent.time))
                   .where(JobEvent.job_id.in_(_IDS), JobEvent.kind == "no_checkpoint")
                   .group_by(JobEvent.job_id))
@@ -56,14 +61,9 @@ def daemon_holds(s: Session, job_ids: Iterable[int]) -> set[int]:
     ids = list(job_ids)
     if not ids:
         return set()
-    held: set[int] = set()
-    rows = run_core(s, _HOLDS, {"ids": ids})
-    for job_id, kind, to_gpus, _ in rows:
-        if kind == ActionKind.HOLD.value or (kind == ActionKind.REQUEUE.value and to_gpus == 0):
-            held.add(job_id)
-        elif kind in (ActionKind.ADMIT.value, ActionKind.REQUEUE.value):
-            held.discard(job_id)
-    return held
+    return {job_id for job_id, kind, to_gpus in run_core(s, _HOLDS, {"ids": ids})
+            if kind == ActionKind.HOLD.value
+            or (kind == ActionKind.REQUEUE.value and to_gpus == 0)}
 
 
 MAX_BACKOFF_S = 7 * 86400.0
