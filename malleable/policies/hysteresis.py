@@ -16,6 +16,11 @@ free to size. A running job's proposed change is
   benefit does not clear the threshold, so a shrink whose GPUs would sit
   idle (because the grow it was meant for was refused) is undone.
 
+If the refused changes leave GPUs idle while jobs wait (e.g. `fifo` offered every
+GPU to its first job, whose grow did not pay), the policy decides once more with
+the refused jobs pinned at their current size, and that allocation is used if it
+runs more GPUs: a refusal never idles GPUs that another job could use.
+
 Then the allocation is packed again: kept jobs first at their current size,
 shrinks at their new size, then starts and accepted grows in the policy's
 priority order (``Allocation.priority``). If a job the policy marked urgent
@@ -32,7 +37,7 @@ frequency); this module applies both as a filter, so every policy gets it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -81,7 +86,23 @@ class Hysteresis(Policy):
 
     def decide(self, jobs: JobSet, capacity: Capacity, ctx: Context) -> Allocation:
         prop = self.inner.allocate(jobs, capacity, ctx)
-        return filter_changes(jobs, capacity, prop, self.params.min_gain, self.params.cooldown_s)
+        out = filter_changes(jobs, capacity, prop, self.params.min_gain, self.params.cooldown_s)
+        # Work conservation: when the changes refused above leave GPUs idle while jobs
+        # wait, the policy decides again with the refused jobs pinned at their size
+        # (it is the judge of who gets the GPUs they did not take).
+        refused = (jobs.current > 0) & (out.gpus == jobs.current) & (prop.gpus != jobs.current)
+        waiting = (jobs.current == 0) & (out.gpus == 0)
+        if not (refused.any() and waiting.any() and int(out.gpus.sum()) < capacity.total):
+            return out
+        pinned = replace(jobs, min_gpus=np.where(refused, jobs.current, jobs.min_gpus),
+                         max_gpus=np.where(refused, jobs.current, jobs.max_gpus))
+        again = filter_changes(jobs, capacity, self.inner.allocate(pinned, capacity, ctx),
+                               self.params.min_gain, self.params.cooldown_s)
+        if int(again.gpus.sum()) <= int(out.gpus.sum()):
+            return out
+        reason = tuple(out.reason[j] if refused[j] else again.reason[j]
+                       for j in range(len(jobs)))
+        return replace(again, reason=reason)
 
 
 def with_hysteresis(policy: Policy, config: PolicyConfig) -> Hysteresis:

@@ -119,3 +119,19 @@ def test_with_hysteresis_uses_the_config():
     out = pol.allocate(jobs, cap)
     assert out.gpus[0] == 4             # in its cool-down
     assert out.gpus.sum() <= 16
+
+
+def test_gpus_a_refused_grow_leaves_go_to_waiting_jobs():
+    # fifo offers all 16 GPUs to its first job, running on 4; the grow does not pay
+    # (p = 0.02: 4 -> 16 GPUs saves under 3 %): before, the other 12 GPUs sat idle while
+    # the second job waited.
+    jobs, cap = jobs_with([0.02, 0.9], [4, 0], [1e6, np.inf])
+    out = with_hysteresis(get_policy("fifo"), PolicyConfig(min_gain=0.05,
+                                                          cooldown_s=0)).allocate(jobs, cap)
+    assert out.gpus.tolist() == [4, 8]     # the largest shape that fits beside it
+    assert "below 5.0%" in out.reason[0]
+    # A grow that pays is made as before, and no second decision is needed.
+    jobs, cap = jobs_with([0.9, 0.9], [4, 0], [1e6, np.inf])
+    out = with_hysteresis(get_policy("fifo"), PolicyConfig(min_gain=0.05,
+                                                          cooldown_s=0)).allocate(jobs, cap)
+    assert out.gpus.tolist() == [16, 0]
