@@ -297,7 +297,7 @@ def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> No
     except (SubmitError, SpecError, ConfigError) as exc:
         _fail(str(exc), 2)
     try:
-        client = connect()
+        client = connect(config.slurm)
         cluster = client.cluster()
         warning = check_capacity(spec, cluster)
         if warning:

@@ -100,3 +100,21 @@ def test_capacity_check_warns_above_the_cluster_and_refuses_a_minimum_above_it()
         check_capacity(parse_spec("malleable:gpus=32-64"), cluster)
     unknown = ClusterInfo(version="22.05.8", version_tuple=(22, 5, 8), gpus_per_node=4)
     assert check_capacity(parse_spec("malleable:gpus=1-1000"), unknown) is None
+
+
+def test_submit_connects_with_the_configured_slurm_section(tmp_path):
+    # backend = "pyslurm" where pyslurm does not import: the configured backend is used
+    # (it used to connect with the defaults, "auto", which falls back to the CLI).
+    try:
+        import pyslurm  # noqa: F401
+        pytest.skip("pyslurm imports here; the configured-backend failure cannot be shown")
+    except ImportError:
+        pass
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f'[slurm]\nbackend = "pyslurm"\n[progress]\nspool_dir = "{tmp_path}"\n')
+    result = CliRunner().invoke(main, ["submit", "--config", str(cfg), "--dry-run",
+                                       "--gpus", "1-4", str(script)])
+    assert result.exit_code == 1, result.output
+    assert "backend pyslurm configured but unusable" in result.output
