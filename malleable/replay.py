@@ -49,7 +49,7 @@ from malleable.config import ConfigError, load_config
 from malleable.sim.profiles import MODELS, load_profile
 from malleable.sim.traces import TraceError, TraceJob, load_pollux_workload
 from malleable.slurm.client import SlurmClient, SlurmError
-from malleable.spec import MalleableSpec, format_spec
+from malleable.spec import MalleableSpec, SpecError, format_spec
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,8 @@ def _fail(message: str, code: int) -> None:
 @click.command("replay")
 @click.option("--workload", required=True, metavar="PATH",
               help="A Pollux workload CSV (name,time,application,num_replicas,batch_size).")
-@click.option("--speedup", type=click.FloatRange(min=1.0), default=30.0, show_default=True,
+@click.option("--speedup", type=click.FloatRange(min=1.0, max=1e6), default=30.0,
+              show_default=True,
               help="Time compression: arrivals and the emulated step times divide by it.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N jobs.")
 @click.option("--every", type=click.IntRange(min=1), default=1, show_default=True,
@@ -262,8 +263,12 @@ def replay_command(workload, speedup, limit, every, models, until_s, script, max
         nodes = nodes or info.nodes
     g = max(1, gpus_per_node)
     cap = max_gpus or g * max(1, nodes)
-    recipes = [recipe(t, gpus_per_node=g, max_gpus=cap, grace_s=grace_s,
-                      adaptive_batch=adaptive_batch) for t in chosen]
+    try:
+        recipes = [recipe(t, gpus_per_node=g, max_gpus=cap, grace_s=grace_s,
+                          adaptive_batch=adaptive_batch) for t in chosen]
+    except SpecError as exc:   # e.g. --grace above 7 days, --max-gpus above 2**63 - 1
+        opt = {"grace": "--grace", "gpus": "--max-gpus"}.get(exc.field, exc.field)
+        _fail(f"{opt}: {exc}", 2)
     if dry_run:
         click.echo(json.dumps(recipes_as_dicts(recipes), indent=2))
         return

@@ -81,8 +81,10 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
                    "optimus, equi, fifo, static (docs/policies.md).")
 @click.option("--policy-params", "policy_params", multiple=True, metavar="NAME=JSON",
               help='Parameters of one policy, e.g. las=\'{"starve_s": 1e12}\' (repeatable).')
-@click.option("--nodes", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--nodes", type=click.IntRange(min=1, max=100_000), default=16, show_default=True,
+              help="Nodes in the simulated cluster (1 to 100,000).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1, max=1024), default=4,
+              show_default=True, help="GPUs per node (1 to 1024).")
 @click.option("--interval", type=_Finite(min=1, max=86400), default=None,
               help="Decide interval, simulated seconds (1 to 86400). Default: --config's "
                    "daemon.decide_interval_s, else the daemon's 60 s; given, it overrides "
@@ -91,8 +93,8 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               show_default=True, help="Seed(s): request rounding, model choice, the policy's.")
 @click.option("--out", "out_dir", metavar="DIR", required=True,
               help="Output directory (DIR/<workload>/<policy>/seed<N>/...).")
-@click.option("--restart-cost", type=_Finite(min=0), default=None, metavar="S",
-              help="Restart cost of every job, seconds [default: per model].")
+@click.option("--restart-cost", type=_Finite(min=0, max=7 * 86400), default=None, metavar="S",
+              help="Restart cost of every job, seconds, 0 to 604800 (7 days) [default: per model].")
 @click.option("--format", "fmt", type=click.Choice(["auto", "pollux", "philly", "gavel", "swf",
                                                     "sacct"]),
               default="auto", show_default=True,

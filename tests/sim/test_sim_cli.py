@@ -184,6 +184,10 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "static,,las"], "--policy 'static,,las': an empty name between commas"),
     (["--policy", "las", "--interval", "nan"], "Invalid value for '--interval': 'nan' is not a "
                                                "finite number"),
+    (["--policy", "las", "--nodes", "200000"], "Invalid value for '--nodes': 200000 is not in "
+                                               "the range 1<=x<=100000"),
+    (["--policy", "las", "--restart-cost", "700000"], "Invalid value for '--restart-cost': "
+                                                      "700000.0 is not in the range 0<=x<=604800"),
     (["--policy", "las", "--interval", "0.5"], "Invalid value for '--interval': 0.5 is not in "
                                                "the range 1<=x<=86400"),
     (["--policy", "las", "--load-scale", "inf"], "Invalid value for '--load-scale': 'inf'"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from malleable.cli import main
@@ -64,3 +65,14 @@ def test_cli_dry_run_offline_and_bad_input():
     assert r.exit_code == 2 and "gpt9" in r.output
     r = CliRunner().invoke(main, ["replay", "--workload", "/nonexistent.csv"])
     assert r.exit_code == 2 and "/nonexistent.csv" in r.output
+
+
+@pytest.mark.parametrize("opt, value, message", [
+    ("--grace", "1e30", "--grace: malleable spec: grace=1e+30: too large"),
+    ("--max-gpus", "99999999999999999999", "--max-gpus: malleable spec: gpus=99999999999999999999: "
+                                           "too large"),
+    ("--speedup", "inf", "Invalid value for '--speedup'")])
+def test_cli_refuses_values_no_spec_can_hold_with_exit_2(opt, value, message):
+    r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "2",
+                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run", opt, value])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
