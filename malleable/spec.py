@@ -183,13 +183,20 @@ class MalleableSpec:
         except TypeError as exc:
             raise SpecError(f"malleable spec: {exc}") from None
 
-    def allowed_gpus(self) -> list[int]:
-        """The GPU counts the spec allows, ascending (before node granularity).
-
-        Returns ``min_gpus`` and every multiple of ``step`` in ``(min_gpus, max_gpus]``.
-        """
+    def allowed_gpus(self, limit: int | None = None) -> list[int]:
+        """The GPU counts the spec allows, ascending (before node granularity): ``min_gpus``
+        and every multiple of ``step`` in ``(min_gpus, max_gpus]``; the first ``limit``
+        of them if given (a spec may allow up to 2**63 - 1 GPUs)."""
         first = (self.min_gpus // self.step + 1) * self.step
-        return [self.min_gpus, *range(first, self.max_gpus + 1, self.step)]
+        rest = range(first, self.max_gpus + 1, self.step)
+        if limit is not None:
+            rest = rest[:max(0, limit - 1)]
+        return [self.min_gpus, *rest][:limit]
+
+    def allows(self, gpus: int) -> bool:
+        """Whether the spec allows ``gpus`` (one of `allowed_gpus`, without listing them)."""
+        return gpus == self.min_gpus or (self.min_gpus < gpus <= self.max_gpus
+                                         and gpus % self.step == 0)
 
 
 # --- fields -------------------------------------------------------------------------------

@@ -171,10 +171,10 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
         SubmitError: the size is outside the spec or cannot be whole nodes.
     """
     k = spec.min_gpus if gpus is None else gpus
-    if k not in spec.allowed_gpus():
+    if not spec.allows(k):
+        shown = spec.allowed_gpus(limit=13)
         raise SubmitError(f"--initial-gpus={k}: not allowed by the spec (allowed: "
-                          f"{', '.join(map(str, spec.allowed_gpus()[:12]))}"
-                          f"{', ...' if len(spec.allowed_gpus()) > 12 else ''})")
+                          f"{', '.join(map(str, shown[:12]))}{', ...' if len(shown) > 12 else ''})")
     g = max(1, gpus_per_node)
     if k <= g:
         return 1, k

@@ -286,3 +286,18 @@ def test_seconds_above_a_week_are_refused_as_too_large(text, field):
     assert info.value.field == field
     assert "too large; expected seconds <= 604800 (7 days)" in str(info.value)
     assert parse_spec("malleable:gpus=1-4,grace=168h,restart_cost=604800").grace_s == 604800.0
+
+
+@given(lo=st.integers(1, 40), span=st.integers(0, 60), step=st.integers(1, 9))
+@settings(max_examples=200, deadline=None)
+def test_allows_agrees_with_the_list_of_allowed_sizes(lo, span, step):
+    s = MalleableSpec(min_gpus=lo, max_gpus=lo + span, step=step)
+    allowed = s.allowed_gpus()
+    assert [k for k in range(0, lo + span + 3) if s.allows(k)] == allowed
+    assert s.allowed_gpus(limit=3) == allowed[:3]
+
+
+def test_a_spec_up_to_the_largest_integer_is_checked_without_listing_it():
+    s = parse_spec("malleable:gpus=1-9223372036854775807,step=2")
+    assert s.allows(2**62) and not s.allows(2**62 + 1)
+    assert s.allowed_gpus(limit=4) == [1, 2, 4, 6]
