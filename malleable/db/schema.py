@@ -219,9 +219,10 @@ def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str | None]:
         if not st.known:
             raise _too_new(st)
         target = _resolve(to, where)
-        if target is not None and st.current is not None and target != st.current:
+        if st.current is not None and target != st.current:
             sd = script_directory()
-            if target in [r.revision for r in sd.iterate_revisions(st.current, "base")]:
+            if target is None or target in [r.revision for r in
+                                            sd.iterate_revisions(st.current, "base")]:
                 raise StoreError(f"{where}: revision {to} is older than the current "
                                  f"{st.current}; use `malleable db downgrade {to}`")
         before = st.current
@@ -263,19 +264,17 @@ def downgrade(engine: Engine, to: str) -> tuple[str | None, str | None]:
 
 
 def _resolve(rev: str, where: str) -> str | None:
-    """A revision name -> its id (None for "base"); raises StoreError for an unknown one."""
+    """A revision name -> its id (None for "base"): "base", "head" or one of
+    `known_revisions` exactly (not Alembic's other forms, e.g. "heads" or "0003@head");
+    raises StoreError naming the value and the known ones for anything else."""
     if rev == "base":
         return None
     if rev == "head":
         return head_revision()
-    try:
-        script = script_directory().get_revision(rev)
-    except CommandError as exc:
+    if rev not in known_revisions():
         raise StoreError(f"{where}: unknown revision {rev!r} (known: "
-                         f"{', '.join(known_revisions())}, head, base)") from exc
-    if script is None:
-        raise StoreError(f"{where}: unknown revision {rev!r}")
-    return script.revision
+                         f"{', '.join(known_revisions())}, head, base)")
+    return rev
 
 
 def _run(fn, conn: Connection, rev: str, where: str) -> None:

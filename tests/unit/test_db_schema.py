@@ -223,3 +223,18 @@ def test_revision_notes_are_the_scripts_first_docstring_lines():
     assert [rev for rev, _ in notes] == list(reversed(SHIPPED_ALL))
     assert notes[-1] == ("0001", "The first schema: every table of the state store.")
     assert all(doc and "\n" not in doc for _, doc in notes)
+
+
+@pytest.mark.parametrize("rev", ["", "heads", "0003@head", "-1", " 0003"])
+def test_only_known_revision_ids_head_and_base_are_accepted(engine, rev):
+    schema.upgrade(engine)
+    for fn in (schema.upgrade, schema.downgrade):
+        with pytest.raises(StoreError, match=f"unknown revision {rev!r} \\(known: "):
+            fn(engine, rev)
+
+
+def test_upgrade_to_base_is_older_and_points_to_downgrade(engine):
+    schema.upgrade(engine)
+    with pytest.raises(StoreError, match="revision base is older than the current .*; use "
+                                         "`malleable db downgrade base`"):
+        schema.upgrade(engine, "base")
