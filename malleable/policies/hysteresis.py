@@ -16,11 +16,6 @@ free to size. A running job's proposed change is
   benefit does not clear the threshold, so a shrink whose GPUs would sit
   idle (because the grow it was meant for was refused) is undone.
 
-If the refused changes leave GPUs idle while jobs wait (e.g. `fifo` offered every
-GPU to its first job, whose grow did not pay), the policy decides once more with
-the refused jobs pinned at their current size, and that allocation is used if it
-runs more GPUs: a refusal never idles GPUs that another job could use.
-
 Then the allocation is packed again: kept jobs first at their current size,
 shrinks at their new size, then starts and accepted grows in the policy's
 priority order (``Allocation.priority``). If a job the policy marked urgent
@@ -28,6 +23,12 @@ priority order (``Allocation.priority``). If a job the policy marked urgent
 after it in priority order may start or grow, so the capacity it waits for
 is not taken by others; it gets GPUs as soon as the cool-downs that block
 it expire. The result is feasible and packed like any policy's.
+
+Work conservation (`Hysteresis.decide`): if the refused changes leave GPUs idle
+while jobs wait (e.g. `fifo` offered every GPU to its first job, whose grow did
+not pay), the policy decides once more with the refused jobs pinned at their
+current size, and that allocation is used if it runs more GPUs; so a refusal
+does not idle GPUs that the policy would give to a waiting job.
 
 Source: the switching-cost threshold is the "re-allocation" guard of
 elastic schedulers (Pollux, OSDI'21, section 4.2 penalises re-allocation in
