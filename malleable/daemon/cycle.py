@@ -375,11 +375,17 @@ class Daemon:
     def decide(self, now: datetime, report: CycleReport) -> tuple[PolicyInputs, Allocation] | None:
         """Estimates and the policy; records the decision and its targets (one
         transaction). None: no node list, no decision."""
-        if not self.refresh_nodes(now):
-            log.warning("no node list; no decision this cycle")
+        if not self._nodes_for_decision(now):
             return None
         with self.sessions() as s, s.begin():
             return self._decide_in(s, now, report)
+
+    def _nodes_for_decision(self, now: datetime) -> bool:
+        """The node list is current (re-read if old; an RPC); False, logged, if none."""
+        if self.refresh_nodes(now):
+            return True
+        log.warning("no node list; no decision this cycle")
+        return False
 
     def _decide_in(self, s, now: datetime, report: CycleReport
                    ) -> tuple[PolicyInputs, Allocation]:
@@ -600,8 +606,7 @@ class Daemon:
         if report.drive.slurm_unavailable:
             report.slurm_unavailable = True
             return self._end(report, t0, rpc0)
-        if not self.refresh_nodes(now):   # (before the transaction: it may be an RPC)
-            log.warning("no node list; no decision this cycle")
+        if not self._nodes_for_decision(now):   # (before the transaction: it may be an RPC)
             return self._end(report, t0, rpc0)
         # The decision, its targets and estimates, and the actions it needs: one
         # transaction.
