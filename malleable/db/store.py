@@ -147,6 +147,10 @@ _UPSERT_SELECT_OR_IN_STATES = select(*_UPSERT_COLUMNS).where(
     Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True))
     | Job.__table__.c.state.in_(bindparam("states", expanding=True)))
 _INSERT_JOB = insert(Job.__table__).returning(Job.__table__.c.id)
+# Jobs whose only change is the poll's time: one UPDATE per 500 of them.
+_TOUCH_JOBS = (update(Job.__table__)
+               .where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
+               .values(last_seen=bindparam("now", type_=Job.__table__.c.last_seen.type)))
 _RENAME_JOB = (update(Job.__table__).where(Job.__table__.c.id == bindparam("_id"))
                .values(slurm_job_id=bindparam("_sid")))
 _MOVE_PROGRESS_FILE = (update(ProgressFile.__table__)
@@ -207,9 +211,9 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     Works on table rows (SQLAlchemy Core), not ORM entities: one SELECT of the
     compared columns per 500 jobs, one INSERT per new job, one executemany per
     set of changed columns and one for the events. Every job given gets
-    ``last_seen`` and ``attained_gpu_s`` written (the latter unchanged unless it
-    was running), so jobs whose only change is the poll's time share one
-    executemany. `Job` entities the session had loaded are expired (they reload
+    ``last_seen`` written (and ``attained_gpu_s``, which changes only while it
+    runs); the jobs whose only change is the poll's time get it by one
+    ``UPDATE ... WHERE id IN (...)`` per 500 jobs. `Job` entities the session had loaded are expired (they reload
     on their next access).
 
     Args:
@@ -247,6 +251,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     events: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    touched: list[int] = []   # jobs.id of the jobs whose only change is last_seen
     moved: dict[str, int] = {}   # Slurm id -> jobs.id of the finished job that had it
     for sid, sj in incoming.items():
         job = existing.get(sid)
@@ -308,7 +313,12 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         for attr, value in values.items():
             if job[attr] != value:
                 diff[attr] = value
-        updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
+        if len(diff) == 2 and diff["attained_gpu_s"] == job["attained_gpu_s"]:
+            touched.append(jid)
+        else:
+            updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
+    for part in _chunks(touched):
+        run_core(session, _TOUCH_JOBS, {"ids": list(part), "now": now})
     for keys, rows in updates.items():
         run_core(session, _update_by_id(t, keys),
                  [{"_id": r["_id"], **{f"v_{k}": r[k] for k in keys}} for r in rows])

@@ -357,7 +357,7 @@ def test_upsert_unlisted_in_returns_the_active_jobs_not_listed(Session):
         assert store.get_job(s, "1").last_seen == T0 and store.get_job(s, "3").state == "PENDING"
 
 
-def test_upsert_of_unchanged_jobs_is_one_update_and_keeps_attained_service(engine, Session):
+def test_upsert_of_unchanged_jobs_is_two_updates_and_keeps_attained_service(engine, Session):
     with Session() as s, s.begin():
         store.upsert_jobs(s, [sj("1", JobState.RUNNING, gpus=2), sj("2"),
                               sj("3", JobState.SUSPENDED)], T0)
@@ -365,12 +365,27 @@ def test_upsert_of_unchanged_jobs_is_one_update_and_keeps_attained_service(engin
     with Session() as s, s.begin(), Statements(engine) as st:
         store.upsert_jobs(s, [sj("1", JobState.RUNNING, gpus=2), sj("2"),
                               sj("3", JobState.SUSPENDED)], t1)
-    # Running and idle jobs whose only change is the poll's time: one executemany.
-    assert st.count("UPDATE jobs") == 1
-    assert st.sql[-1].startswith("UPDATE jobs SET last_seen=?, attained_gpu_s=?")
+    # Jobs whose only change is the poll's time: the running one's attained service
+    # grows (an executemany), the idle ones get last_seen by one UPDATE ... IN.
+    assert st.count("UPDATE jobs") == 2
+    updates = [q for q in st.sql if q.startswith("UPDATE jobs")]
+    assert any(q.startswith("UPDATE jobs SET last_seen=?, attained_gpu_s=?") for q in updates)
+    assert any(q.startswith("UPDATE jobs SET last_seen=? WHERE jobs.id IN") for q in updates)
     with Session() as s:
         got = {j.slurm_job_id: (j.last_seen, j.attained_gpu_s) for j in s.scalars(select(Job))}
     assert got == {"1": (t1, 20.0), "2": (t1, 0.0), "3": (t1, 0.0)}
+
+
+def test_upsert_touches_many_idle_jobs_in_chunks_of_500(engine, Session):
+    queue = [sj(str(i)) for i in range(1, 1202)]
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, queue, T0)
+    t1 = T0 + timedelta(seconds=30)
+    with Session() as s, s.begin(), Statements(engine) as st:
+        store.upsert_jobs(s, queue, t1)
+    assert st.count("UPDATE jobs SET last_seen=? WHERE jobs.id IN") == 3   # 500 + 500 + 201
+    with Session() as s:
+        assert set(s.scalars(select(Job.last_seen))) == {t1}
 
 
 def test_set_setting_is_one_statement_and_expires_a_loaded_setting(engine, Session):
