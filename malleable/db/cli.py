@@ -75,12 +75,35 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
     return deco
 
 
+class _RevisionsCommand(click.Command):
+    """A ``db`` command whose help lists the revisions REV may name: read from the
+    migration scripts (`schema.revision_notes`) when the help is shown, newest first,
+    then "base" if ``with_base`` (`downgrade`; `upgrade` has nothing to do there)."""
+
+    with_base = False
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_help_text(ctx, formatter)
+        notes = schema.revision_notes()
+        rows = [(f"{rev} (head)" if i == 0 else rev, doc) for i, (rev, doc) in enumerate(notes)]
+        if self.with_base:
+            rows.append(("base", "No schema: drops every table."))
+        with formatter.section("Revisions (newest first)"):
+            formatter.write_dl(rows)
+
+
+class _DowngradeCommand(_RevisionsCommand):
+    """``db downgrade``'s help: the revisions, then "base"."""
+
+    with_base = True
+
+
 @click.group()
 def db() -> None:
     """Create, upgrade and inspect the state store's schema."""
 
 
-@db.command()
+@db.command(cls=_RevisionsCommand)
 @store_options
 @click.option("--to", "to", default="head", show_default=True, metavar="REV",
               help="revision to upgrade to.")
@@ -131,20 +154,6 @@ def _live_holder(engine: Engine, timeout_s: float) -> str | None:
         return None
     h = lease_health(lease, datetime.now(UTC), timeout_s)
     return f"{h.holder} (heartbeat {h.heartbeat_age_s:.0f} s ago)" if h.live else None
-
-
-class _DowngradeCommand(click.Command):
-    """``db downgrade``, whose help lists the revisions REV may name: read from the
-    migration scripts (`schema.revision_notes`) when the help is shown, newest first,
-    then "base"."""
-
-    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        super().format_help_text(ctx, formatter)
-        notes = schema.revision_notes()
-        rows = [(f"{rev} (head)" if i == 0 else rev, doc) for i, (rev, doc) in enumerate(notes)]
-        rows.append(("base", "No schema: drops every table."))
-        with formatter.section("Revisions (newest first)"):
-            formatter.write_dl(rows)
 
 
 @db.command(cls=_DowngradeCommand)

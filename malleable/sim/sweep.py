@@ -135,7 +135,17 @@ class RunSpec:
                 "interval_s": float(config.daemon.decide_interval_s),
                 "restart_cost_s": self.restart_cost_s,
                 "load_scale": float(self.load_scale), "job_setup": self.job_setup,
-                "window_days": self.window_days}
+                "window_days": self.window_days,
+                # The daemon settings that change decisions (from --config or defaults).
+                "settings": {
+                    "min_gain": float(config.policy.min_gain),
+                    "cooldown_s": float(config.policy.cooldown_s),
+                    "default_restart_cost_s": float(config.policy.default_restart_cost_s),
+                    "queue_depth": int(config.policy.queue_depth),
+                    "poll_interval_s": float(config.daemon.poll_interval_s),
+                    "ingest_interval_s": float(config.daemon.ingest_interval_s),
+                    "max_concurrent_requeues": int(config.daemon.max_concurrent_requeues),
+                    "requeue_backoff_s": float(config.daemon.requeue_backoff_s)}}
 
 
 def run_one(spec: RunSpec, report: Callable[[float, int, int], None] | None = None) -> dict:

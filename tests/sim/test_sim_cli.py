@@ -111,6 +111,21 @@ def test_interval_comes_from_the_config_unless_given(tmp_path, workload, flag, e
     assert s["decide_cycles"] <= 1 + 1800 // expected
 
 
+def test_summary_records_the_settings_that_change_decisions(tmp_path, workload):
+    cfg = tmp_path / "d.toml"
+    cfg.write_text("[policy]\nmin_gain = 0.2\ncooldown_s = 600\n[daemon]\npoll_interval_s = 15\n")
+    out = tmp_path / "o"
+    res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",
+                   "--config", str(cfg), "--max-time", "0.5", "--no-plots",
+                   "--no-comparison", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "tiny" / "las" / "seed0" / "summary.json").read_text())
+    assert s["settings"] == {"min_gain": 0.2, "cooldown_s": 600.0, "default_restart_cost_s": 60.0,
+                             "queue_depth": 100, "poll_interval_s": 15.0,
+                             "ingest_interval_s": 30.0, "max_concurrent_requeues": 4,
+                             "requeue_backoff_s": 600.0}
+
+
 def test_a_run_stopped_by_max_time_says_so(tmp_path, workload):
     out = tmp_path / "o"
     res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",

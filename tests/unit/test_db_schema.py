@@ -218,6 +218,19 @@ def test_downgrade_help_lists_the_revisions_newest_first(newer_malleable):
                      r.output)
 
 
+def test_upgrade_help_lists_the_revisions_without_base():
+    from click.testing import CliRunner
+
+    from malleable.cli import main
+
+    r = CliRunner().invoke(main, ["db", "upgrade", "--help"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    section = r.output.split("Revisions (newest first):\n", 1)[1].split("\n\n", 1)[0]
+    listed = [line.split()[0] for line in section.splitlines() if not line.startswith("    ")]
+    assert listed == list(reversed(SHIPPED_ALL))
+    assert f"{SHIPPED} (head)" in r.output
+
+
 def test_revision_notes_are_the_scripts_first_docstring_lines():
     notes = schema.revision_notes()
     assert [rev for rev, _ in notes] == list(reversed(SHIPPED_ALL))
