@@ -50,6 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from machine import reference_line  # noqa: E402
+
 from malleable.config import parse_config  # noqa: E402
 from malleable.policies.registry import DEFAULT, POLICIES  # noqa: E402
 from malleable.sim.jobsetup import setup_for  # noqa: E402
@@ -130,6 +132,7 @@ def main() -> int:
     print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, {os.cpu_count()}-core machine, "
           f"nice {os.nice(0)}; load average at start {os.getloadavg()[0]:.2f} (a load "
           f"above 1 means other work shared the cores: wall times are then upper bounds)")
+    print(reference_line())
     verdicts = []
     if not args.skip_workload:
         jobs = load_pollux_workload(args.workload)
@@ -193,6 +196,7 @@ def main() -> int:
                             f"{s.sim_s / 3600:.1f} simulated hours with {s.ended}/{s.total} "
                             f"jobs ended")
     print(f"# load average at end {os.getloadavg()[0]:.2f}")
+    print(reference_line())
     for v in verdicts:
         print(v)
     return 0
