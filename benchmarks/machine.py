@@ -1,8 +1,8 @@
 """How fast this machine is right now: a fixed CPU reference for benchmark headers.
 
 The VM's speed varies between sessions (the same simulator run, with the same
-decisions, took 13.4 s on one day and 33.7 s on another with nothing else
-running), so a wall time is only comparable with another one taken at a
+decisions, took 13.4 s at 07:50Z and 33.1 s at 12:40Z on 2026-12-02, nothing
+else running either time), so a wall time is only comparable with another one taken at a
 similar reference. `reference()` times two fixed workloads, best of three:
 
 * ``python_ms``: a pure-Python loop of 2,000,000 integer additions (the
