@@ -51,6 +51,9 @@ from malleable.sim.traces import TraceError, TraceJob, load_pollux_workload
 from malleable.slurm.client import SlurmClient, SlurmError
 from malleable.spec import MalleableSpec, SpecError, format_spec
 
+# The emulated job's batch script, relative to the malleable checkout.
+DEFAULT_SCRIPT = "examples/emulated_job.sbatch"
+
 
 @dataclass(frozen=True)
 class ReplayJob:
@@ -209,7 +212,7 @@ def _fail(message: str, code: int) -> None:
               help=f"Only jobs of these models ({', '.join(MODELS)}).")
 @click.option("--until", "until_s", type=click.FloatRange(min=0.0), default=None,
               metavar="SECONDS", help="Only jobs arriving before this trace time.")
-@click.option("--script", default="examples/emulated_job.sbatch", show_default=True,
+@click.option("--script", default=DEFAULT_SCRIPT, show_default=True,
               help="The emulated job's batch script.")
 @click.option("--max-gpus", type=click.IntRange(min=1), default=None,
               help="Largest size a job may get (default: the cluster's GPUs).")
@@ -250,7 +253,9 @@ def replay_command(workload, speedup, limit, every, models, until_s, script, max
             _fail(f"--models {models}: unknown model {unknown[0]!r} (known: "
                   f"{', '.join(MODELS)})", 2)
     if not os.path.isfile(script):
-        _fail(f"--script {script}: no such file", 2)
+        hint = (" (the default is relative to the current directory: run from the malleable "
+                "checkout, or give --script PATH)" if script == DEFAULT_SCRIPT else "")
+        _fail(f"--script {script}: no such file{hint}", 2)
     chosen = select(trace, limit=limit, every=every, models=wanted, until_s=until_s)
     client = None
     if gpus_per_node is None or nodes is None or not dry_run:

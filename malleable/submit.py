@@ -276,10 +276,16 @@ def _fail(message: str, code: int) -> None:
 @click.option("--dry-run", is_flag=True,
               help="Print the sbatch command line (with its environment) instead of "
                    "submitting.")
+@click.option("--gpus-per-node", "offline_gpn", type=click.IntRange(min=1), metavar="G",
+              help="With --dry-run: the cluster's GPUs per node, so that the spec is checked "
+                   "and the command printed without contacting Slurm (the cluster's size is "
+                   "then not checked).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True,
                 metavar="[SBATCH_OPTIONS]... SCRIPT")
-def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> None:
+def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **options) -> None:
     """Submit SCRIPT (the last argument) as a malleable job; other options go to sbatch."""
+    if offline_gpn is not None and not dry_run:
+        _fail("--gpus-per-node: only with --dry-run (a submission reads the cluster's)", 2)
     script, passthrough = args[-1], list(args[:-1])
     if script.startswith("-"):
         _fail(f"{script}: the batch script must be the last argument", 2)
@@ -297,13 +303,17 @@ def submit(spec_text, initial_gpus, config_path, dry_run, args, **options) -> No
     except (SubmitError, SpecError, ConfigError) as exc:
         _fail(str(exc), 2)
     try:
-        client = connect(config.slurm)
-        cluster = client.cluster()
-        warning = check_capacity(spec, cluster)
-        if warning:
-            click.echo(f"malleable submit: warning: {warning}", err=True)
+        if offline_gpn is None:
+            client = connect(config.slurm)
+            cluster = client.cluster()
+            gpus_per_node = cluster.gpus_per_node
+            warning = check_capacity(spec, cluster)
+            if warning:
+                click.echo(f"malleable submit: warning: {warning}", err=True)
+        else:
+            gpus_per_node = offline_gpn
         request = malleable_request(script, spec, initial_gpus=initial_gpus,
-                                    gpus_per_node=cluster.gpus_per_node,
+                                    gpus_per_node=gpus_per_node,
                                     spool_dir=config.progress.spool_dir,
                                     base_comment=base_comment,
                                     extra_args=without_comment(passthrough))

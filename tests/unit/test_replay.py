@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from click.testing import CliRunner
 
@@ -65,6 +67,19 @@ def test_cli_dry_run_offline_and_bad_input():
     assert r.exit_code == 2 and "gpt9" in r.output
     r = CliRunner().invoke(main, ["replay", "--workload", "/nonexistent.csv"])
     assert r.exit_code == 2 and "/nonexistent.csv" in r.output
+
+
+def test_cli_names_a_missing_default_script_as_relative(tmp_path, monkeypatch):
+    workload = os.path.abspath(WORKLOAD)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["replay", "--workload", workload, "--limit", "2",
+                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run"])
+    assert r.exit_code == 2
+    assert "--script examples/emulated_job.sbatch: no such file (the default is relative" in r.output
+    r = CliRunner().invoke(main, ["replay", "--workload", workload, "--script", "x.sbatch",
+                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run"])
+    assert r.exit_code == 2 and "--script x.sbatch: no such file" in r.output
+    assert "relative" not in r.output
 
 
 @pytest.mark.parametrize("opt, value, message", [

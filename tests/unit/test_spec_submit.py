@@ -118,3 +118,21 @@ def test_submit_connects_with_the_configured_slurm_section(tmp_path):
                                        "--gpus", "1-4", str(script)])
     assert result.exit_code == 1, result.output
     assert "backend pyslurm configured but unusable" in result.output
+
+
+def test_dry_run_with_gpus_per_node_needs_no_controller(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --comment=malleable:gpus=2-8,step=2\necho hi\n")
+    cfg = tmp_path / "m.toml"   # a controller that does not exist: never contacted
+    cfg.write_text(f'[slurm]\nbackend = "pyslurm"\n[progress]\nspool_dir = "{tmp_path}"\n')
+    result = CliRunner().invoke(main, ["submit", "--config", str(cfg), "--dry-run",
+                                       "--gpus-per-node", "4", "--initial-gpus", "8",
+                                       str(script)])
+    assert result.exit_code == 0, result.output
+    assert "sbatch" in result.output and "--nodes=2" in result.output
+    assert "gpu:4" in result.output and "malleable:gpus=2-8,step=2" in result.output
+    bad = CliRunner().invoke(main, ["submit", "--config", str(cfg), "--dry-run",
+                                    "--gpus-per-node", "4", "--gpus", "16-2", str(script)])
+    assert bad.exit_code == 2 and "minimum exceeds maximum" in bad.output
+    real = CliRunner().invoke(main, ["submit", "--gpus-per-node", "4", str(script)])
+    assert real.exit_code == 2 and "--gpus-per-node: only with --dry-run" in real.output
