@@ -44,9 +44,22 @@ def policy_class(name: str) -> type[Policy]:
     """
     target = DEFAULT if name == "default" else name
     if target not in POLICIES:
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(available())})")
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(available())})"
+                         f"{_did_you_mean(name)}")
     module_name, attr = POLICIES[target].split(":")
     return getattr(importlib.import_module(module_name), attr)
+
+
+def _did_you_mean(name: str) -> str:
+    """``"; did you mean 'las'?"`` for a name that differs from a known one only in
+    case or by a typo (difflib's closest match), else ``""``."""
+    import difflib
+
+    names = available()
+    if isinstance(name, str) and name.lower() in names:
+        return f"; did you mean {name.lower()!r}? Names are lower case"
+    close = difflib.get_close_matches(str(name).lower(), names, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def get_policy(name: str, **params: Any) -> Policy:

@@ -42,6 +42,22 @@ def test_unknown_policy_names_it_and_the_known_ones():
         get_policy("hesrtp")
 
 
+@pytest.mark.parametrize("name, hint", [
+    ("hesrtp", "; did you mean 'hesrpt'?"),
+    ("LAS", "; did you mean 'las'? Names are lower case"),
+    ("Default", "; did you mean 'default'? Names are lower case"),
+    ("nosuch", None)])
+def test_unknown_policy_suggests_the_name_meant(name, hint):
+    with pytest.raises(ValueError) as err:
+        get_policy(name)
+    message = str(err.value)
+    assert message.startswith(f"unknown policy {name!r} (known: default, equi")
+    if hint is None:
+        assert "did you mean" not in message
+    else:
+        assert message.endswith(hint)
+
+
 @pytest.mark.parametrize("name,params,words", [
     ("hesrpt", {"q": 1}, ["hesrpt", "unknown parameter 'q'", "known: p, p_from, risk"]),
     ("hesrpt", {"p_from": "guess"}, ["hesrpt", "p_from = 'guess'"]),
