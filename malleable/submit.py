@@ -37,7 +37,7 @@ import click
 
 from malleable.config import ConfigError, load_config
 from malleable.slurm import connect
-from malleable.slurm.client import SlurmError
+from malleable.slurm.client import InvalidArgument, SlurmError
 from malleable.slurm.records import ClusterInfo, SubmitRequest
 from malleable.spec import (
     MalleableSpec,
@@ -150,11 +150,23 @@ def build_spec(comments: list[str | None], spec_text: str | None,
     """
     fields: dict[str, str] = {}
     for comment in comments:
-        fields.update(spec_fields(comment or ""))
+        fields.update(_fields_once(comment or ""))
     if spec_text:
+        given = spec_text
         if find_spec(spec_text) is None:
             spec_text = "malleable:" + spec_text
-        fields.update(spec_fields(spec_text))
+        start, end = find_spec(spec_text) or (0, 0)
+        rest = spec_text[end:].strip()
+        if end == start + len("malleable:") or rest:
+            raise SpecError(f"malleable spec: --spec {given!r}: expected "
+                            f"key=value fields separated by commas, e.g. gpus=2-16,step=4"
+                            + (f" (cannot read {rest!r})" if rest else ""), value=spec_text)
+        fields.update(_fields_once(spec_text))
+    for key, value in options.items():
+        if value is not None and (not value or any(c in value for c in ",=") or
+                                  any(c.isspace() for c in value)):
+            raise SpecError(f"malleable spec: {key}={value!r}: a value cannot be empty or "
+                            f"hold ',', '=' or spaces", field=key, value=value)
     fields.update({key: value for key, value in options.items() if value is not None})
     if "gpus" not in fields:
         raise SpecError("malleable spec: gpus: missing; give the GPU range, e.g. --gpus 2-16",
@@ -162,6 +174,18 @@ def build_spec(comments: list[str | None], spec_text: str | None,
     spec = parse_spec("malleable:" + ",".join(f"{k}={v}" for k, v in fields.items()))
     assert spec is not None  # a "malleable:" text yields a spec or raises
     return spec
+
+
+def _fields_once(text: str) -> list[tuple[str, str]]:
+    """`spec_fields` of one source, refusing a key it gives twice (as `parse_spec` does)."""
+    pairs = spec_fields(text)
+    seen: set[str] = set()
+    for key, value in pairs:
+        if key in seen:
+            raise SpecError(f"malleable spec: {key}={value}: key given twice", field=key,
+                            value=value)
+        seen.add(key)
+    return pairs
 
 
 def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> tuple[int, int]:
@@ -276,7 +300,7 @@ def _fail(message: str, code: int) -> None:
 @click.option("--dry-run", is_flag=True,
               help="Print the sbatch command line (with its environment) instead of "
                    "submitting.")
-@click.option("--gpus-per-node", "offline_gpn", type=click.IntRange(min=1), metavar="G",
+@click.option("--gpus-per-node", "offline_gpn", type=click.IntRange(1, 1024), metavar="G",
               help="With --dry-run: the cluster's GPUs per node, so that the spec is checked "
                    "and the command printed without contacting Slurm (the cluster's size is "
                    "then not checked).")
@@ -317,7 +341,7 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
                                     spool_dir=config.progress.spool_dir,
                                     base_comment=base_comment,
                                     extra_args=without_comment(passthrough))
-    except SubmitError as exc:
+    except (SubmitError, InvalidArgument) as exc:
         _fail(str(exc), 2)
     except SlurmError as exc:
         _fail(str(exc), 1)
@@ -327,10 +351,16 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
         from malleable.slurm.backend_cli import sbatch_argv
 
         env = [f"{k}={v}" for k, v in request.env]
-        click.echo(shlex.join((["env", *env] if env else []) + sbatch_argv(request)))
+        try:
+            argv = sbatch_argv(request)
+        except InvalidArgument as exc:
+            _fail(str(exc), 2)
+        click.echo(shlex.join((["env", *env] if env else []) + argv))
         return
     try:
         job_id = client.submit(request)
+    except InvalidArgument as exc:
+        _fail(str(exc), 2)
     except SlurmError as exc:
         _fail(str(exc), 1)
     click.echo(job_id)

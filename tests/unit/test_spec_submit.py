@@ -69,6 +69,12 @@ def test_initial_shape_whole_nodes_above_one_node():
     ([], "gpus: missing"),
     (["--gpus", "2-4", "--gres=gpu:2"], "--gres=gpu:2: malleable submit sets the GPU request"),
     (["--gpus", "2-4", "-N", "2"], "-N: malleable submit sets the GPU request"),
+    (["--spec", "nonsense"], "--spec 'nonsense': expected key=value fields separated by commas"),
+    (["--spec", "gpus=2-4 step=2"], "(cannot read 'step=2')"),
+    (["--gpus", "2-8", "--model", "a,b"], "model='a,b': a value cannot be empty or hold ','"),
+    (["--gpus", "2-8", "--model", "a b"], "model='a b': a value cannot be empty"),
+    (["--gpus", "2-8", "--model", ""], "model='': a value cannot be empty"),
+    (["--comment=malleable:gpus=2-8,gpus=4"], "gpus=4: key given twice"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     script = tmp_path / "job.sh"
@@ -136,3 +142,16 @@ def test_dry_run_with_gpus_per_node_needs_no_controller(tmp_path):
     assert bad.exit_code == 2 and "minimum exceeds maximum" in bad.output
     real = CliRunner().invoke(main, ["submit", "--gpus-per-node", "4", str(script)])
     assert real.exit_code == 2 and "--gpus-per-node: only with --dry-run" in real.output
+
+
+def test_dry_run_sizes_the_port_refuses_exit_2_without_a_traceback(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
+                                  "1-9223372036854775807", "--initial-gpus", "100000000",
+                                  str(script)])
+    assert r.exit_code == 2 and "invalid nodes 25000000" in r.output
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "2000", "--gpus",
+                                  "1-8", str(script)])
+    assert r.exit_code == 2 and "1<=x<=1024" in r.output
