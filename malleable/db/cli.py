@@ -22,7 +22,7 @@ from typing import Any
 import click
 from sqlalchemy import Engine
 
-from malleable.config import ConfigError, load_config
+from malleable.config import ConfigError, check_database_url, load_config
 from malleable.db import schema
 from malleable.db.engine import describe_url, engine_from_config
 from malleable.db.errors import StoreError
@@ -58,6 +58,8 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
             engine: Engine | None = None
             try:
                 config = load_config(config_path)
+                if database_url is not None:   # checked as [database] url is ('' included)
+                    check_database_url("--database-url", database_url)
                 engine = engine_from_config(config, url=database_url, create=create)
                 ctx.meta[_CONFIG_KEY] = config
                 fn(engine, **kw)

@@ -54,7 +54,7 @@ def effective_config(config_path: str | None, database_url: str | None) -> Confi
             ``--database-url`` is not a supported URL (the same check as ``[database] url``).
     """
     config = load_config(config_path)
-    if database_url:
+    if database_url is not None:   # '' too: an empty URL is refused, not ignored
         check_database_url("--database-url", database_url)
         config = dataclasses.replace(
             config, database=dataclasses.replace(config.database, url=database_url))

@@ -78,7 +78,8 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help="Trace file(s), comma-separated or repeated; a directory means its files.")
 @click.option("--policy", "policies", multiple=True, metavar="NAME[,NAME...]",
               help="Policy name(s): pollux (= default), las, gittins, hesrpt, srpt, "
-                   "optimus, equi, fifo, static (docs/policies.md).")
+                   "optimus, equi, fifo, static (docs/policies.md). Default: --config's "
+                   "[policy] name, if it has one.")
 @click.option("--policy-params", "policy_params", multiple=True, metavar="NAME=JSON",
               help='Parameters of one policy, e.g. las=\'{"starve_s": 1e12}\' (repeatable).')
 @click.option("--nodes", type=click.IntRange(min=1, max=100_000), default=16, show_default=True,
@@ -117,7 +118,8 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--oracle-work/--no-oracle-work", default=None,
               help="Jobs declare their true total work [default: optimus only].")
 @click.option("--config", "config_path", metavar="PATH", default=None,
-              help="TOML with daemon settings ([daemon], [policy], ...) for every run.")
+              help="TOML with daemon settings ([daemon], [policy], ...) for every run; "
+                   "its [policy] params are those of its [policy] name (default: default).")
 @click.option("--max-time", "max_time_h", type=_Finite(min=0, min_open=True),
               default=2880.0, show_default=True, metavar="HOURS",
               help="Stop a run at this simulated time (default 120 days: a bound, not a "
@@ -163,12 +165,17 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     paths = _expand(_split(workloads))
     if not paths:
         raise _fail("--workload: give at least one trace file")
+    config: dict = {}
+    if config_path is not None:
+        config = _read_config(config_path)
+    if not policies and "name" in config.get("policy", {}):
+        policies = (str(config["policy"]["name"]),)
     named = [v.strip() for value in policies for v in value.split(",")]
     pols = [v for v in named if v]
     if pols and len(pols) < len(named):
         raise _fail(f"--policy {','.join(policies)!r}: an empty name between commas")
     if not pols:
-        raise _fail("--policy: give at least one policy")
+        raise _fail("--policy: give at least one policy (or a [policy] name in --config)")
     twice = sorted({p for p in pols if pols.count(p) > 1})
     if twice:
         raise _fail(f"--policy {twice[0]!r}: given twice (its runs would share one folder)")
@@ -180,9 +187,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
             raise _fail(f"--policy {p!r}: unknown policy (known: {', '.join(known)})")
     seed_list = _seeds(seeds)
     params = _params(policy_params, pols)
-    config: dict = {}
-    if config_path is not None:
-        config = _read_config(config_path)
+    _check_config_params(config, config_path, pols)
     from malleable.sim.workloads import unique_names
 
     try:
@@ -309,14 +314,38 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
 
 
 def _read_config(path: str) -> dict:
+    """The TOML of ``--config``, checked as the daemon checks it, and its [policy]
+    name and params checked by building the policy."""
     from malleable.config import ConfigError, parse_config, read_config_file
+    from malleable.policies.registry import get_policy
 
     try:
         data = read_config_file(path)
-        parse_config(data, source=path)
+        config = parse_config(data, source=path)
     except ConfigError as exc:
         raise _fail(f"--config {exc}") from None
+    try:
+        get_policy(config.policy.name, **dict(config.policy.params))
+    except (TypeError, ValueError) as exc:
+        raise _fail(f"--config {path}: [policy] name = {config.policy.name!r}, params = "
+                    f"{dict(config.policy.params)}: {exc}") from None
     return data
+
+
+def _check_config_params(config: dict, path: str | None, policies: list[str]) -> None:
+    """--config's [policy] params belong to its [policy] name (`sweep.RunSpec.daemon_config`
+    gives them to that policy's runs only): refuse them if no run is of that policy."""
+    from malleable.policies.registry import policy_class
+
+    section = config.get("policy", {})
+    if not section.get("params"):
+        return
+    owner = policy_class(str(section.get("name", "default")))
+    if not any(policy_class(p) is owner for p in policies):
+        raise _fail(f"--config {path}: [policy] params {dict(section['params'])} are those of "
+                    f"policy {section.get('name', 'default')!r}, which is not among --policy "
+                    f"({', '.join(policies)}); they would be unused (give them with "
+                    f"--policy-params NAME=JSON)")
 
 
 def _validate(specs) -> list[int]:

@@ -92,13 +92,23 @@ class RunSpec:
     def daemon_config(self) -> Config:
         """The daemon's `Config` for this run.
 
+        ``config``'s [policy] params are kept only for a run of its [policy] name
+        (default "default"): they are that policy's parameters.
+
         Raises:
             malleable.config.ConfigError: a bad key or value in ``config``.
+            ValueError: an unknown policy name.
         """
+        from malleable.policies.registry import policy_class
+
         data = {k: dict(v) for k, v in self.config.items()}
-        data.setdefault("policy", {})["name"] = self.policy
+        section = data.setdefault("policy", {})
+        # The config's params are those of its own policy: another policy's run drops them.
+        if policy_class(str(section.get("name", "default"))) is not policy_class(self.policy):
+            section.pop("params", None)
+        section["name"] = self.policy
         if self.params is not None:
-            data["policy"]["params"] = dict(self.params)
+            section["params"] = dict(self.params)
         if self.interval_s is not None:
             data.setdefault("daemon", {})["decide_interval_s"] = float(self.interval_s)
         return parse_config(data, source="simulate")

@@ -306,3 +306,41 @@ def test_slurm_array_runs_the_sweep_on_a_real_cluster(tmp_path, workload, slurm)
                                                                          ("static", 3)}
     assert not [p for p in out.glob("slurm-*.out") if "Traceback" in p.read_text()]
     assert os.access(script, os.X_OK)
+
+
+@pytest.mark.parametrize("toml, args, message", [
+    ("[policy]\nparams = {bogus = 1}\n", ["--policy", "pollux"],
+     "[policy] name = 'default', params = {'bogus': 1}: policy pollux: unknown parameter 'bogus'"),
+    ("[policy]\nname = \"nosuch\"\n", ["--policy", "pollux"], "unknown policy 'nosuch'"),
+    ("[policy]\nname = \"hesrpt\"\nparams = {p = 0.5}\n", ["--policy", "las"],
+     "[policy] params {'p': 0.5} are those of policy 'hesrpt', which is not among --policy "
+     "(las); they would be unused")])
+def test_config_policy_name_and_params_are_checked_before_any_run(tmp_path, workload, toml,
+                                                                  args, message):
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(toml)
+    res = simulate("--workload", str(workload), *args, "--config", str(cfg), "--max-time", "0.5",
+                   "--no-plots", "--no-comparison", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "o" / "tiny").exists()
+
+
+def test_config_params_go_to_their_policy_and_its_name_is_the_default_policy(tmp_path, workload):
+    cfg = tmp_path / "d.toml"
+    cfg.write_text("[policy]\nname = \"hesrpt\"\nparams = {p = 0.5}\n")
+    out = tmp_path / "o"
+    res = simulate("--workload", str(workload), "--policy", "hesrpt,static", "--config",
+                   str(cfg), "--nodes", "2", "--max-time", "0.5", "--no-plots", "--no-comparison",
+                   "--out", str(out))
+    assert res.exit_code == 0, res.output
+    hes = json.loads((out / "tiny" / "hesrpt" / "seed0" / "summary.json").read_text())
+    static = json.loads((out / "tiny" / "static" / "seed0" / "summary.json").read_text())
+    assert hes["policy_params"] == {"p": 0.5} and static["policy_params"] == {}
+    assert "unusable" not in res.output
+    # No --policy: the config's [policy] name.
+    out2 = tmp_path / "o2"
+    res = simulate("--workload", str(workload), "--config", str(cfg), "--nodes", "2",
+                   "--max-time", "0.5", "--no-plots", "--no-comparison", "--out", str(out2))
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in (out2 / "tiny").iterdir() if p.is_dir()] == ["hesrpt"]

@@ -251,3 +251,23 @@ def test_upgrade_to_base_is_older_and_points_to_downgrade(engine):
     with pytest.raises(StoreError, match="revision base is older than the current .*; use "
                                          "`malleable db downgrade base`"):
         schema.upgrade(engine, "base")
+
+
+@pytest.mark.parametrize("url, message", [
+    ("notaurl", "expected an SQLAlchemy URL"),
+    ("", "expected an SQLAlchemy URL"),
+    ("sqlite:///rel.db", "expected the SQLite file as an absolute path")])
+@pytest.mark.parametrize("command", [["upgrade"], ["current"], ["downgrade", "base"]])
+def test_db_commands_check_database_url_like_the_config(tmp_path, monkeypatch, url, message,
+                                                        command):
+    """`db` took --database-url unchecked: a traceback, a relative file, or '' meaning
+    the default (which created /var/lib/malleable/malleable.db)."""
+    from click.testing import CliRunner
+
+    from malleable.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["db", *command, "--database-url", url])
+    assert r.exit_code == 2, r.output
+    assert f"--database-url = {url!r}: {message}" in r.output and "Traceback" not in r.output
+    assert list(tmp_path.iterdir()) == []
