@@ -45,6 +45,7 @@ from pathlib import Path
 
 import click
 
+from malleable.clitypes import FiniteFloat
 from malleable.config import ConfigError, load_config
 from malleable.sim.profiles import MODELS, load_profile
 from malleable.sim.traces import TraceError, TraceJob, load_pollux_workload
@@ -202,7 +203,7 @@ def _fail(message: str, code: int) -> None:
 @click.command("replay")
 @click.option("--workload", required=True, metavar="PATH",
               help="A Pollux workload CSV (name,time,application,num_replicas,batch_size).")
-@click.option("--speedup", type=click.FloatRange(min=1.0, max=1e6), default=30.0,
+@click.option("--speedup", type=FiniteFloat(min=1.0, max=1e6), default=30.0,
               show_default=True,
               help="Time compression: arrivals and the emulated step times divide by it.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N jobs.")
@@ -210,13 +211,13 @@ def _fail(message: str, code: int) -> None:
               help="Take every K-th job (thins the load for a smaller cluster).")
 @click.option("--models", default=None, metavar="M[,M...]",
               help=f"Only jobs of these models ({', '.join(MODELS)}).")
-@click.option("--until", "until_s", type=click.FloatRange(min=0.0), default=None,
+@click.option("--until", "until_s", type=FiniteFloat(min=0.0), default=None,
               metavar="SECONDS", help="Only jobs arriving before this trace time.")
 @click.option("--script", default=DEFAULT_SCRIPT, show_default=True,
               help="The emulated job's batch script.")
 @click.option("--max-gpus", type=click.IntRange(min=1), default=None,
               help="Largest size a job may get (default: the cluster's GPUs).")
-@click.option("--grace", "grace_s", type=click.FloatRange(min=0.0), default=60.0,
+@click.option("--grace", "grace_s", type=FiniteFloat(min=0.0), default=60.0,
               show_default=True, help="Seconds a job has to checkpoint after the signal.")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
               help="GPUs per node (default: ask the cluster; give it and --nodes for an "
@@ -252,10 +253,17 @@ def replay_command(workload, speedup, limit, every, models, until_s, script, max
         if unknown:
             _fail(f"--models {models}: unknown model {unknown[0]!r} (known: "
                   f"{', '.join(MODELS)})", 2)
+    if os.path.isdir(script):
+        _fail(f"--script {script}: a directory, not a batch script", 2)
     if not os.path.isfile(script):
         hint = (" (the default is relative to the current directory: run from the malleable "
                 "checkout, or give --script PATH)" if script == DEFAULT_SCRIPT else "")
         _fail(f"--script {script}: no such file{hint}", 2)
+    if dry_run and (gpus_per_node is None) != (nodes is None):
+        given, missing = (("--gpus-per-node", "--nodes") if nodes is None
+                          else ("--nodes", "--gpus-per-node"))
+        _fail(f"{given} without {missing}: an offline --dry-run needs both (or neither, to "
+              f"ask the cluster)", 2)
     chosen = select(trace, limit=limit, every=every, models=wanted, until_s=until_s)
     client = None
     if gpus_per_node is None or nodes is None or not dry_run:

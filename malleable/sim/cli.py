@@ -13,20 +13,9 @@ from pathlib import Path
 
 import click
 
+from malleable.clitypes import FiniteFloat
+
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".swf", ".swf.gz", ".json", ".txt", ".log")
-
-
-class _Finite(click.FloatRange):
-    """A `click.FloatRange` that also refuses nan and infinities (the range checks let
-    nan through)."""
-
-    def convert(self, value, param, ctx):
-        import math
-
-        out = super().convert(value, param, ctx)
-        if out is not None and not math.isfinite(out):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
-        return out
 
 
 def _fail(message: str) -> click.exceptions.Exit:
@@ -86,7 +75,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help="Nodes in the simulated cluster (1 to 100,000).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1, max=1024), default=4,
               show_default=True, help="GPUs per node (1 to 1024).")
-@click.option("--interval", type=_Finite(min=1, max=86400), default=None,
+@click.option("--interval", type=FiniteFloat(min=1, max=86400), default=None,
               help="Decide interval, simulated seconds (1 to 86400). Default: --config's "
                    "daemon.decide_interval_s, else the daemon's 60 s; given, it overrides "
                    "the config.")
@@ -94,7 +83,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               show_default=True, help="Seed(s): request rounding, model choice, the policy's.")
 @click.option("--out", "out_dir", metavar="DIR", required=True,
               help="Output directory (DIR/<workload>/<policy>/seed<N>/...).")
-@click.option("--restart-cost", type=_Finite(min=0, max=7 * 86400), default=None, metavar="S",
+@click.option("--restart-cost", type=FiniteFloat(min=0, max=7 * 86400), default=None, metavar="S",
               help="Restart cost of every job, seconds, 0 to 604800 (7 days) [default: per model].")
 @click.option("--format", "fmt", type=click.Choice(["auto", "pollux", "philly", "gavel", "swf",
                                                     "sacct"]),
@@ -104,9 +93,9 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
                    "(timestamp,duration,num_gpus,...), gavel (seed,vc,line_no,...), swf "
                    "(*.swf[.gz]), sacct (--json, -P text or the Eagle CSV); "
                    "docs/simulator.md has the columns.")
-@click.option("--load-scale", type=_Finite(min=0, min_open=True), default=1.0,
+@click.option("--load-scale", type=FiniteFloat(min=0, min_open=True), default=1.0,
               show_default=True, metavar="X", help="Arrival times divided by X.")
-@click.option("--window", "window_days", type=_Finite(min=0, min_open=True),
+@click.option("--window", "window_days", type=FiniteFloat(min=0, min_open=True),
               default=None, metavar="DAYS",
               help="Replay only the busiest window of DAYS whose demand fits the cluster.")
 @click.option("--map-models", is_flag=True,
@@ -120,7 +109,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="TOML with daemon settings ([daemon], [policy], ...) for every run; "
                    "its [policy] params are those of its [policy] name (default: default).")
-@click.option("--max-time", "max_time_h", type=_Finite(min=0, min_open=True),
+@click.option("--max-time", "max_time_h", type=FiniteFloat(min=0, min_open=True),
               default=2880.0, show_default=True, metavar="HOURS",
               help="Stop a run at this simulated time (default 120 days: a bound, not a "
                    "target; a stopped run's metrics cover its finished jobs).")

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 import click
 
+from malleable.clitypes import FiniteFloat
 from malleable.config import Config, ConfigError, load_config
 from malleable.slurm_conf.records import Severity
 from malleable.slurm_conf.report import (
@@ -78,7 +79,7 @@ def conf(ctx: click.Context, config_path: str | None) -> None:
                    "reads it).")
 @click.option("--no-controller", is_flag=True,
               help="Do not run `scontrol show config`; check the files alone.")
-@click.option("--controller-timeout", type=click.FloatRange(min=0.1), default=None,
+@click.option("--controller-timeout", type=FiniteFloat(min=0.1), default=None,
               metavar="SECONDS",
               help="Timeout of `scontrol show config` (default slurm.command_timeout_s).")
 @click.option("--strict", is_flag=True,

@@ -91,3 +91,23 @@ def test_cli_refuses_values_no_spec_can_hold_with_exit_2(opt, value, message):
     r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "2",
                                   "--gpus-per-node", "4", "--nodes", "4", "--dry-run", opt, value])
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--speedup", "nan"], "Invalid value for '--speedup': 'nan' is not a finite number"),
+    (["--until", "nan"], "Invalid value for '--until': 'nan' is not a finite number"),
+    (["--grace", "nan"], "Invalid value for '--grace': 'nan' is not a finite number"),
+    (["--script", "/tmp"], "--script /tmp: a directory, not a batch script")])
+def test_cli_refuses_nan_and_a_directory_script(args, message):
+    r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "1",
+                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+@pytest.mark.parametrize("given, missing", [("--gpus-per-node", "--nodes"),
+                                            ("--nodes", "--gpus-per-node")])
+def test_offline_dry_run_needs_both_cluster_sizes(given, missing):
+    r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "1", "--dry-run",
+                                  given, "4"])
+    assert r.exit_code == 2
+    assert f"{given} without {missing}: an offline --dry-run needs both" in r.output
