@@ -164,7 +164,7 @@ class DatabaseConfig:
     """Where the state store lives."""
 
     url: str = _f("sqlite:////var/lib/malleable/malleable.db",
-                  "SQLAlchemy URL; sqlite:///ABS/PATH (default) or postgresql+psycopg://...",
+                  "SQLAlchemy URL; sqlite:////ABS/PATH (default; four slashes) or postgresql+psycopg://...",
                   note="backend sqlite or postgresql; an SQLite file by its absolute path",
                   check=check_database_url)
     busy_timeout_ms: int = _f(30000, "SQLite busy_timeout: how long a writer waits for a lock, "

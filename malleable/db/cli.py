@@ -115,7 +115,7 @@ def upgrade(engine: Engine, to: str) -> None:
     before, after = schema.upgrade(engine, to)
     where = describe_url(engine.url)
     if before == after:
-        click.echo(f"{where}: schema already at revision {after}")
+        click.echo(f"{where}: schema already at revision {after or 'base (empty)'}")
     else:
         click.echo(f"{where}: schema upgraded from {before or 'empty'} to {after}")
 
