@@ -219,10 +219,10 @@ def _fail(message: str, code: int) -> None:
               help="Largest size a job may get (default: the cluster's GPUs).")
 @click.option("--grace", "grace_s", type=FiniteFloat(min=0.0), default=60.0,
               show_default=True, help="Seconds a job has to checkpoint after the signal.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+@click.option("--gpus-per-node", type=click.IntRange(1, 1024), default=None,
               help="GPUs per node (default: ask the cluster; give it and --nodes for an "
                    "offline --dry-run).")
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
+@click.option("--nodes", type=click.IntRange(1, 100_000), default=None,
               help="Nodes in the cluster (default: ask the cluster).")
 @click.option("--log", "log_path", default=None, metavar="PATH",
               help="Append one JSON line per submitted job.")

@@ -168,12 +168,15 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     twice = sorted({p for p in pols if pols.count(p) > 1})
     if twice:
         raise _fail(f"--policy {twice[0]!r}: given twice (its runs would share one folder)")
-    from malleable.policies.registry import available
+    from malleable.policies.registry import DEFAULT, available
 
     known = available()
     for p in pols:
         if p not in known:
             raise _fail(f"--policy {p!r}: unknown policy (known: {', '.join(known)})")
+    if "default" in pols and DEFAULT in pols:
+        raise _fail(f"--policy: 'default' and {DEFAULT!r} are the same policy (default is "
+                    f"an alias of {DEFAULT}): give one")
     seed_list = _seeds(seeds)
     params = _params(policy_params, pols)
     _check_config_params(config, config_path, pols)

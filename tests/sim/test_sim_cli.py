@@ -344,3 +344,10 @@ def test_config_params_go_to_their_policy_and_its_name_is_the_default_policy(tmp
                    "--max-time", "0.5", "--no-plots", "--no-comparison", "--out", str(out2))
     assert res.exit_code == 0, res.output
     assert [p.name for p in (out2 / "tiny").iterdir() if p.is_dir()] == ["hesrpt"]
+
+
+def test_an_alias_and_its_policy_are_one_policy(tmp_path, workload):
+    res = simulate("--workload", str(workload), "--policy", "pollux,default", "--out",
+                   str(tmp_path / "o"))
+    assert res.exit_code == 2
+    assert "'default' and 'pollux' are the same policy" in res.output

@@ -111,3 +111,13 @@ def test_offline_dry_run_needs_both_cluster_sizes(given, missing):
                                   given, "4"])
     assert r.exit_code == 2
     assert f"{given} without {missing}: an offline --dry-run needs both" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus-per-node", "2000", "--nodes", "4"], "'--gpus-per-node': 2000 is not in the range"),
+    (["--gpus-per-node", "4", "--nodes", "9223372036854775807"], "'--nodes'")])
+def test_cluster_sizes_are_bounded_like_simulate(args, message):
+    r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "1", "--dry-run",
+                                  *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert "--max-gpus" not in r.output
