@@ -149,8 +149,9 @@ def build_spec(comments: list[str | None], spec_text: str | None,
         SpecError: the merged spec is invalid (names the field and the value).
     """
     fields: dict[str, str] = {}
-    for comment in comments:
-        fields.update(_fields_once(comment or ""))
+    sources = ("the script's --comment", "the command line's --comment")
+    for i, comment in enumerate(comments):
+        fields.update(_fields_once(comment or "", sources[min(i, 1)]))
     if spec_text:
         given = spec_text
         if find_spec(spec_text) is None:
@@ -161,7 +162,7 @@ def build_spec(comments: list[str | None], spec_text: str | None,
             raise SpecError(f"malleable spec: --spec {given!r}: expected "
                             f"key=value fields separated by commas, e.g. gpus=2-16,step=4"
                             + (f" (cannot read {rest!r})" if rest else ""), value=spec_text)
-        fields.update(_fields_once(spec_text))
+        fields.update(_fields_once(spec_text, "--spec"))
     for key, value in options.items():
         if value is not None and (not value or any(c in value for c in ",=") or
                                   any(c.isspace() for c in value)):
@@ -176,14 +177,15 @@ def build_spec(comments: list[str | None], spec_text: str | None,
     return spec
 
 
-def _fields_once(text: str) -> list[tuple[str, str]]:
-    """`spec_fields` of one source, refusing a key it gives twice (as `parse_spec` does)."""
+def _fields_once(text: str, source: str) -> list[tuple[str, str]]:
+    """`spec_fields` of one source (named in the error), refusing a key it gives twice
+    (as `parse_spec` does)."""
     pairs = spec_fields(text)
     seen: set[str] = set()
     for key, value in pairs:
         if key in seen:
-            raise SpecError(f"malleable spec: {key}={value}: key given twice", field=key,
-                            value=value)
+            raise SpecError(f"malleable spec: {key}={value}: key given twice (in {source})",
+                            field=key, value=value)
         seen.add(key)
     return pairs
 

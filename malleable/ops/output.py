@@ -54,8 +54,11 @@ class Failed(OpsError):
 
 
 def fail(message: str, code: int) -> None:
-    """Print ``malleable CMD: error: MESSAGE`` on stderr and exit with ``code``."""
+    """Print ``malleable CMD: error: MESSAGE`` on stderr, on one line (the lines of a
+    multi-line message, e.g. a Slurm command's stderr, joined by "; "), and exit with
+    ``code``."""
     ctx = click.get_current_context()
+    message = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
     click.echo(f"{ctx.command_path}: error: {message}", err=True)
     ctx.exit(code)
 

@@ -315,7 +315,8 @@ def _read_config(path: str) -> dict:
         data = read_config_file(path)
         config = parse_config(data, source=path)
     except ConfigError as exc:
-        raise _fail(f"--config {exc}") from None
+        message = str(exc)
+        raise _fail(f"--config {message if path in message else f'{path}: {message}'}") from None
     try:
         get_policy(config.policy.name, **dict(config.policy.params))
     except (TypeError, ValueError) as exc:

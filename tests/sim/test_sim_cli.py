@@ -271,6 +271,7 @@ def test_bad_config_file_is_refused(tmp_path, workload):
                    "--out", str(tmp_path / "o"))
     assert res.exit_code == 2
     assert "daemon.poll_interval_s" in res.stderr
+    assert f"--config {cfg}: daemon.poll_interval_s = 'soon'" in res.stderr   # names the file
 
 
 def test_command_line_entry_point(tmp_path, workload):

@@ -586,3 +586,18 @@ def test_plan_text_folds_many_jobs_that_share_a_reason():
                      "  30 jobs (100, 101, 102, 103, 104, 105, 106, 107, 108, 109, ...): "
                      "waiting beyond the queue depth"]
     assert _reason_lines(rows[:12]) == [f"  {x['job_id']}: {x['reason']}" for x in rows[:12]]
+
+
+def test_fail_puts_a_multi_line_message_on_one_line():
+    """`plan` without a controller printed squeue's four stderr lines as four lines."""
+    import click
+
+    from malleable.ops.output import fail
+
+    @click.command("probe")
+    def probe() -> None:
+        fail("Slurm did not answer (squeue: error: one\nsqueue: error: two\n\n  squeue: fatal: x)", 1)
+
+    r = CliRunner().invoke(probe, [])
+    one_line_error(r, 1, "probe: error: Slurm did not answer (squeue: error: one; "
+                         "squeue: error: two; squeue: fatal: x)")

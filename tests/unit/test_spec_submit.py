@@ -74,7 +74,9 @@ def test_initial_shape_whole_nodes_above_one_node():
     (["--gpus", "2-8", "--model", "a,b"], "model='a,b': a value cannot be empty or hold ','"),
     (["--gpus", "2-8", "--model", "a b"], "model='a b': a value cannot be empty"),
     (["--gpus", "2-8", "--model", ""], "model='': a value cannot be empty"),
-    (["--comment=malleable:gpus=2-8,gpus=4"], "gpus=4: key given twice"),
+    (["--comment=malleable:gpus=2-8,gpus=4"],
+     "gpus=4: key given twice (in the command line's --comment)"),
+    (["--spec", "gpus=2-8,step=2,step=4"], "step=4: key given twice (in --spec)"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message):
     script = tmp_path / "job.sh"
@@ -155,3 +157,11 @@ def test_dry_run_sizes_the_port_refuses_exit_2_without_a_traceback(tmp_path):
     r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "2000", "--gpus",
                                   "1-8", str(script)])
     assert r.exit_code == 2 and "1<=x<=1024" in r.output
+
+
+def test_a_key_twice_in_the_script_names_the_script(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --comment=malleable:gpus=2-8,gpus=4\necho hi\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 2
+    assert "gpus=4: key given twice (in the script's --comment)" in r.output
