@@ -1,4 +1,4 @@
-"""Click parameter types shared by the command-line tools."""
+"""Pieces shared by the command-line tools: a parameter type and the one-line error."""
 
 from __future__ import annotations
 
@@ -16,3 +16,9 @@ class FiniteFloat(click.FloatRange):
         if out is not None and not math.isfinite(out):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return out
+
+
+def one_line(message: object) -> str:
+    """``message`` on one line: its non-blank lines, stripped, joined by "; " (a Slurm
+    command's stderr often spans several lines; an error is one line)."""
+    return "; ".join(part.strip() for part in str(message).splitlines() if part.strip())

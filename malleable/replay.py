@@ -45,7 +45,7 @@ from pathlib import Path
 
 import click
 
-from malleable.clitypes import FiniteFloat
+from malleable.clitypes import FiniteFloat, one_line
 from malleable.config import ConfigError, load_config
 from malleable.sim.profiles import MODELS, load_profile
 from malleable.sim.traces import TraceError, TraceJob, load_pollux_workload
@@ -195,8 +195,7 @@ def recipes_as_dicts(jobs: Sequence[ReplayJob]) -> list[dict]:
 
 
 def _fail(message: str, code: int) -> None:
-    message = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"malleable replay: error: {message}", err=True)
+    click.echo(f"malleable replay: error: {one_line(message)}", err=True)
     raise click.exceptions.Exit(code)
 
 

@@ -35,6 +35,7 @@ import sys
 
 import click
 
+from malleable.clitypes import one_line
 from malleable.config import ConfigError, load_config
 from malleable.slurm import connect
 from malleable.slurm.client import InvalidArgument, SlurmError
@@ -269,8 +270,7 @@ def check_capacity(spec: MalleableSpec, cluster: ClusterInfo) -> str | None:
 
 def _fail(message: str, code: int) -> None:
     """Print the error on one line (Slurm's own messages may span several) and exit."""
-    message = "; ".join(part.strip() for part in message.splitlines() if part.strip())
-    click.echo(f"malleable submit: error: {message}", err=True)
+    click.echo(f"malleable submit: error: {one_line(message)}", err=True)
     sys.exit(code)
 
 

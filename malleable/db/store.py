@@ -213,8 +213,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     set of changed columns and one for the events. Every job given gets
     ``last_seen`` written (and ``attained_gpu_s``, which changes only while it
     runs); the jobs whose only change is the poll's time get it by one
-    ``UPDATE ... WHERE id IN (...)`` per 500 jobs. `Job` entities the session had loaded are expired (they reload
-    on their next access).
+    ``UPDATE ... WHERE id IN (...)`` per 500 jobs. `Job` entities the session had
+    loaded are expired (they reload on their next access).
 
     Args:
         session: an open read-write session (the caller commits).

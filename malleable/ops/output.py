@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from malleable.clitypes import one_line
 from malleable.config import ConfigError
 from malleable.db.cli import store_options  # noqa: F401  (re-exported for the commands)
 from malleable.db.errors import StoreError
@@ -58,8 +59,7 @@ def fail(message: str, code: int) -> None:
     multi-line message, e.g. a Slurm command's stderr, joined by "; "), and exit with
     ``code``."""
     ctx = click.get_current_context()
-    message = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"{ctx.command_path}: error: {message}", err=True)
+    click.echo(f"{ctx.command_path}: error: {one_line(message)}", err=True)
     ctx.exit(code)
 
 

@@ -328,13 +328,12 @@ def _read_config(path: str) -> dict:
 def _check_config_params(config: dict, path: str | None, policies: list[str]) -> None:
     """--config's [policy] params belong to its [policy] name (`sweep.RunSpec.daemon_config`
     gives them to that policy's runs only): refuse them if no run is of that policy."""
-    from malleable.policies.registry import policy_class
+    from malleable.sim.sweep import config_params_apply
 
     section = config.get("policy", {})
     if not section.get("params"):
         return
-    owner = policy_class(str(section.get("name", "default")))
-    if not any(policy_class(p) is owner for p in policies):
+    if not any(config_params_apply(config, p) for p in policies):
         raise _fail(f"--config {path}: [policy] params {dict(section['params'])} are those of "
                     f"policy {section.get('name', 'default')!r}, which is not among --policy "
                     f"({', '.join(policies)}); they would be unused (give them with "

@@ -99,12 +99,9 @@ class RunSpec:
             malleable.config.ConfigError: a bad key or value in ``config``.
             ValueError: an unknown policy name.
         """
-        from malleable.policies.registry import policy_class
-
         data = {k: dict(v) for k, v in self.config.items()}
         section = data.setdefault("policy", {})
-        # The config's params are those of its own policy: another policy's run drops them.
-        if policy_class(str(section.get("name", "default"))) is not policy_class(self.policy):
+        if not config_params_apply(self.config, self.policy):
             section.pop("params", None)
         section["name"] = self.policy
         if self.params is not None:
@@ -156,6 +153,20 @@ class RunSpec:
                     "ingest_interval_s": float(config.daemon.ingest_interval_s),
                     "max_concurrent_requeues": int(config.daemon.max_concurrent_requeues),
                     "requeue_backoff_s": float(config.daemon.requeue_backoff_s)}}
+
+
+def config_params_apply(config: dict, policy: str) -> bool:
+    """Whether a daemon TOML's [policy] params are ``policy``'s: they are those of its
+    [policy] name (default "default", aliases resolved), and another policy's run drops
+    them (`RunSpec.daemon_config`).
+
+    Raises:
+        ValueError: an unknown policy name.
+    """
+    from malleable.policies.registry import policy_class
+
+    owner = str(config.get("policy", {}).get("name", "default"))
+    return policy_class(owner) is policy_class(policy)
 
 
 def run_one(spec: RunSpec, report: Callable[[float, int, int], None] | None = None) -> dict:
