@@ -82,6 +82,19 @@ _ACTIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING"
 _TO_INGEST = store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
     Job.malleable.is_(True), (Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
                               | (Job.last_seen >= bindparam("recent"))))).order_by(Job.id)
+# States in which a job's processes exist, so it may write progress lines.
+_WRITING_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED,
+                             JobState.CONFIGURING})
+# The same jobs less the pending ones that cannot have written since the last read
+# (`Daemon._ingest_in`): a pending job is read only if its id is in :ids.
+_TO_INGEST_WRITERS = store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
+    Job.malleable.is_(True),
+    ((Job.state != JobState.PENDING.value)
+     & (Job.state.in_(("RUNNING", "COMPLETING", "SUSPENDED"))
+        | (Job.last_seen >= bindparam("recent"))))
+    | Job.id.in_(bindparam("ids", expanding=True)))).order_by(Job.id)
+# At most this many pending jobs are named by id in one ingest query; more: read all.
+_MAX_PENDING_WRITERS = 500
 
 # Steps at which an action has not changed its job yet, while no call was attempted.
 _UNTOUCHED_STEPS = (Step.HOLD.value, Step.SHRINK.value)
@@ -182,6 +195,15 @@ class Daemon:
         # The operator's policy choice (name, params) as that poll read it; None: none.
         self.operator_policy: tuple[str, dict] | None = None
         self.last_ingest: IngestReport | None = None  # of the last poll that ingested
+        # Which pending jobs' progress files can hold unread lines (`_ingest_in`):
+        # jobs.id -> the last poll at which the job ran, got an event, or had bytes left
+        # to read; and whether every job's file was read once since this process began.
+        self._writers: dict[int, datetime] = {}
+        self._pending_writers: list[int] = []
+        self._read_all = False
+        # The unfinished jobs' rows as this daemon last wrote them (it is their only
+        # writer): a poll reads from the store only the jobs not kept here.
+        self.job_rows = store.JobRows()
         self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
@@ -215,11 +237,30 @@ class Daemon:
         finally:
             self._rpc_poll += self.rpc_count() - rpc0
         skipped = list(getattr(self.slurm, "parse_errors", None) or ())
+        try:
+            self._poll_in(jobs, now, skipped, ingest)
+        except BaseException:
+            self.job_rows.clear()   # (not committed: the kept rows may be ahead of the store)
+            raise
+        if ingest:
+            self._read_all = True   # (committed: what a full read saw is stored)
+        self.observed = {j.job_id: j for j in jobs}
+        self.poll_ok = True
+        self.poll_incomplete = bool(skipped)
+        self._lookups = {}
+        return True
+
+    def _poll_in(self, jobs: list[SlurmJob], now: datetime, skipped: list,
+                 ingest: bool) -> None:
+        """`poll`'s transaction: jobs and events, the operator's settings, ingestion."""
         with self.sessions() as s, s.begin():
-            # The active jobs the poll does not list come with the upsert's own read.
+            # The active jobs the poll does not list come with the upsert's own read
+            # (or from the rows this daemon last wrote: it is their only writer).
             upserted = store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict,
-                                         unlisted_in=() if skipped else _ACTIVE_STATES)
+                                         unlisted_in=() if skipped else _ACTIVE_STATES,
+                                         known=self.job_rows)
             self.inputs_cache.forget(upserted.resized)
+            self._note_writers(jobs, upserted, now)
             if skipped:
                 log.warning("the poll skipped %d job record(s) it could not parse; no job is "
                             "taken as finished for missing from it", len(skipped))
@@ -231,11 +272,6 @@ class Daemon:
             # together, so an operator's `policy set` and `pause` are seen alike).
             self.paused, self.operator_policy = store.operator_settings(s)
             self.last_ingest = self._ingest_in(s, now) if ingest else None
-        self.observed = {j.job_id: j for j in jobs}
-        self.poll_ok = True
-        self.poll_incomplete = bool(skipped)
-        self._lookups = {}
-        return True
 
     @staticmethod
     def _mark_vanished(s, gone: list[int], now: datetime) -> None:
@@ -270,18 +306,61 @@ class Daemon:
                         ", ".join(known) or "none")
         return True
 
+    def _note_writers(self, jobs: list[SlurmJob], upserted: store.UpsertResult,
+                      now: datetime) -> None:
+        """Remember, from one poll, which jobs may have written progress lines: those
+        Slurm shows running (or completing, suspended, configuring), and those the
+        poll gave an event (new, state, size, restart: e.g. a job that started and was
+        requeued between two polls). Also lists the pending ones among them within
+        the read window, for `_ingest_in`."""
+        writers, ids = self._writers, upserted.ids
+        for jid in upserted.evented:
+            writers[jid] = now
+        recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
+        pending: list[int] = []
+        for sj in jobs:
+            jid = ids.get(sj.job_id)
+            if jid is None:
+                continue
+            if sj.state in _WRITING_STATES:
+                writers[jid] = now
+            elif sj.state == JobState.PENDING and jid in writers:
+                if writers[jid] >= recent:
+                    pending.append(jid)
+                else:
+                    del writers[jid]
+        self._pending_writers = sorted(pending)
+
     def ingest(self, now: datetime) -> IngestReport:
         """Read new progress lines of the malleable jobs (and those that just ended),
         in a transaction of their own."""
         with self.sessions() as s, s.begin():
-            return self._ingest_in(s, now)
+            report = self._ingest_in(s, now)
+        self._read_all = True   # (committed)
+        return report
 
     def _ingest_in(self, s, now: datetime) -> IngestReport:
-        """`ingest` in the caller's transaction."""
+        """`ingest` in the caller's transaction (the caller sets ``_read_all`` once it
+        has committed).
+
+        Whose files are read: the malleable jobs that are active (pending, running,
+        completing, suspended) or were seen in the last three poll intervals (their
+        last lines, e.g. ``finished``). Once every such file has been read since this
+        process began, a pending job's file is read only while it may hold lines not
+        read yet: within three poll intervals of a poll that showed the job running or
+        gave it an event (`_note_writers`), or while bytes were left past the last
+        read (`IngestReport.unread`). A pending job has no processes, so it writes
+        nothing; the lines it wrote before it stopped are read in that window, and
+        after a restart of the daemon every file is read again. Skipping the other
+        pending jobs' files leaves every stored row as a read of them would (it would
+        find no new bytes and write nothing)."""
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
-        # Active jobs, and those that ended lately (their last lines, e.g. `finished`).
         # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
-        rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
+        if self._read_all and len(self._pending_writers) <= _MAX_PENDING_WRITERS:
+            rows = store.run_core(s, _TO_INGEST_WRITERS,
+                                  {"recent": recent, "ids": self._pending_writers}).all()
+        else:
+            rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
         report = ingest_progress(
             s, [IngestJob.of(j) for j in rows], self.spool, now=now,
             max_bytes_per_job=self.config.progress.max_bytes_per_job,
@@ -289,6 +368,10 @@ class Daemon:
             files=store.progress_files_of(rows))
         for sid, reasons in report.rejected_by_job.items():
             log.warning("rejected progress lines: %s", dict(reasons), extra={"job": sid})
+        for jid in report.unread:   # (read on: a pending job's file is read while it has)
+            self._writers[jid] = now
+            if jid not in self._pending_writers:
+                self._pending_writers.append(jid)
         return report
 
     def drive(self, now: datetime, paused: bool) -> DriveReport:

@@ -107,7 +107,8 @@ class UpsertResult:
     """What `upsert_jobs` did: jobs added, jobs changed, events written, Slurm id -> jobs.id
     of the jobs given; ``unlisted``: Slurm id -> jobs.id of the stored jobs in one of the
     ``unlisted_in`` states that were not given (empty if none were asked for);
-    ``resized``: jobs.id of the jobs given a "size" or "restart" event."""
+    ``resized``: jobs.id of the jobs given a "size" or "restart" event; ``evented``:
+    jobs.id of the jobs given any event (new, state, size, restart, renamed)."""
 
     new: int
     changed: int
@@ -115,6 +116,7 @@ class UpsertResult:
     ids: dict[str, int]
     unlisted: dict[str, int] = field(default_factory=dict)
     resized: frozenset[int] = frozenset()
+    evented: frozenset[int] = frozenset()
 
 
 def _parse(comment: str, parse_spec: SpecParser) -> tuple[dict | None, str | None]:
@@ -138,8 +140,8 @@ def _event(job_id: int, time: datetime, kind: str, **values: Any) -> dict[str, A
     return row
 
 
-_UPSERT_COLUMNS = [Job.__table__.c[c] for c in ("id", "slurm_job_id", "last_seen",
-                                                "attained_gpu_s", *_JOB_FIELDS)]
+_UPSERT_KEYS = ("id", "slurm_job_id", "last_seen", "attained_gpu_s", *_JOB_FIELDS)
+_UPSERT_COLUMNS = [Job.__table__.c[c] for c in _UPSERT_KEYS]
 _UPSERT_SELECT = select(*_UPSERT_COLUMNS).where(
     Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
 # The same, and the jobs in the states :states (`upsert_jobs`'s ``unlisted_in``).
@@ -197,9 +199,50 @@ def _expire_loaded(session: Session, model: type) -> None:
         session.expire(obj)
 
 
+class JobRows:
+    """The ``jobs`` rows of the unfinished jobs as `upsert_jobs` last wrote them, kept in
+    memory by a caller that is the only writer of those rows (the daemon), so that a
+    poll reads from the database only the jobs not kept here.
+
+    What it holds: Slurm id -> the row's compared columns (``_UPSERT_COLUMNS``), for
+    the jobs whose state after the last upsert is one of that call's ``unlisted_in``
+    states (unfinished). Finished jobs are not kept (retention deletes only finished
+    jobs, so no kept row is deleted under it); nor are the ``unlisted`` jobs an upsert
+    returns (the caller changes their rows, e.g. marks them finished). ``complete``:
+    every stored job in those states is kept (set by an upsert that read them all).
+
+    The holder must `clear` it when a transaction in which `upsert_jobs` used it
+    does not commit (the kept values would then be ahead of the database), and
+    whenever something else may have written job rows.
+    """
+
+    __slots__ = ("rows", "complete", "states")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.complete = False
+        self.states: frozenset[str] = frozenset()
+
+    def clear(self) -> None:
+        """Forget every row: the next upsert reads them from the database."""
+        self.rows.clear()
+        self.complete = False
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _signature(sj: SlurmJob) -> tuple:
+    """What `upsert_jobs` compares of a Slurm job (``_JOB_FIELDS`` order)."""
+    return (sj.comment or None, sj.name, sj.user, sj.uid, sj.account, sj.partition,
+            sj.state.value, sj.reason, sj.held, sj.gpus, sj.node_count, sj.gpus_per_node,
+            sj.submit_time, sj.start_time, sj.end_time, sj.restart_count)
+
+
 def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
                 parse_spec: SpecParser | None = None,
-                unlisted_in: Collection[str] = ()) -> UpsertResult:
+                unlisted_in: Collection[str] = (),
+                known: JobRows | None = None) -> UpsertResult:
     """Insert or update one row per Slurm job, writing a job event for every change.
 
     Events (`JobEvent.kind`): "new" on first sight; "state" when the state
@@ -229,6 +272,13 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         unlisted_in: states (e.g. the active ones): the stored jobs in one of them
             that ``jobs`` does not list are returned in ``UpsertResult.unlisted``
             (read by the same SELECT; they are not changed here).
+        known: the caller's `JobRows` (None: every job given is read). Jobs kept
+            there are not read; once it is ``complete`` (after the first call that
+            read every stored job in the ``unlisted_in`` states), the unlisted jobs
+            are found in it too. Updated here with what this call writes. The
+            same rows, events and result as without it, as long as the caller is
+            the only writer of job rows (see `JobRows`). A job whose stored values
+            equal what Slurm shows now (its kept signature) is only touched.
 
     Returns:
         An `UpsertResult` with counts and the ``jobs.id`` of every job given.
@@ -238,9 +288,24 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     existing: dict[str, dict[str, Any]] = {}
     unlisted: dict[str, int] = {}
     states = sorted(set(unlisted_in))
-    for i, part in enumerate(_chunks(list(incoming)) if incoming or not states else [[]]):
+    if known is not None and known.states != frozenset(states):
+        known.clear()   # (kept for other states: not complete for these)
+        known.states = frozenset(states)
+    kept = known.rows if known is not None else {}
+    from_kept = known is not None and known.complete
+    to_read = [sid for sid in incoming if sid not in kept] if from_kept else list(incoming)
+    if from_kept:
+        for sid, row in kept.items():
+            if sid in incoming:
+                existing[sid] = row
+            elif row["state"] in known.states:
+                unlisted[sid] = row["id"]
+        read_states = False
+    else:
+        read_states = bool(states)
+    for i, part in enumerate(_chunks(to_read) if to_read or not read_states else [[]]):
         query, params = _UPSERT_SELECT, {"ids": part}
-        if states and i == 0:
+        if read_states and i == 0:
             query, params = _UPSERT_SELECT_OR_IN_STATES, {"ids": part, "states": states}
         for row in run_core(session, query, params):
             if row.slurm_job_id in incoming:
@@ -253,8 +318,25 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     touched: list[int] = []   # jobs.id of the jobs whose only change is last_seen
     moved: dict[str, int] = {}   # Slurm id -> jobs.id of the finished job that had it
+    written: dict[str, dict[str, Any]] = {}   # Slurm id -> the row as written, for ``known``
     for sid, sj in incoming.items():
         job = existing.get(sid)
+        sig = _signature(sj) if known is not None else None
+        if job is not None and sig is not None and job.get("_sig") == sig:
+            # Nothing Slurm shows changed since the last write: the poll's time, and
+            # attained service while it runs (the general path below does the same).
+            jid = ids[sid] = job["id"]
+            row = dict(job, last_seen=now)
+            if job["state"] == JobState.RUNNING.value and job["last_seen"] is not None:
+                dt = (now - job["last_seen"]).total_seconds()
+                row["attained_gpu_s"] = (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
+            if row["attained_gpu_s"] == job["attained_gpu_s"]:
+                touched.append(jid)
+            else:
+                updates.setdefault(("last_seen", "attained_gpu_s"), []).append(
+                    {"_id": jid, "last_seen": now, "attained_gpu_s": row["attained_gpu_s"]})
+            written[sid] = row
+            continue
         if job is not None and reused_id(job, sj):
             # A new job: the finished one keeps its rows under another id, and its
             # progress file's read position passes to the new job (the new job appends
@@ -283,6 +365,9 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
                 row.update(spec=spec, spec_error=error, malleable=spec is not None)
             jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
+            if sig is not None:
+                written[sid] = {c.name: row.get(c.name) for c in _UPSERT_COLUMNS} | {
+                    "id": jid, "_sig": sig}
             if sid in moved:
                 run_core(session, _MOVE_PROGRESS_FILE, {"_old": moved[sid], "_new": jid})
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
@@ -317,6 +402,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             touched.append(jid)
         else:
             updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
+        if sig is not None:
+            written[sid] = {k: diff.get(k, job[k]) for k in _UPSERT_KEYS} | {"_sig": sig}
     for part in _chunks(touched):
         run_core(session, _TOUCH_JOBS, {"ids": list(part), "now": now})
     for keys, rows in updates.items():
@@ -326,8 +413,19 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         run_core(session, _INSERT_EVENTS, events)
     # `Job` entities this session had loaded would show the old values: reload on access.
     _expire_loaded(session, Job)
+    if known is not None:
+        for sid in unlisted:
+            kept.pop(sid, None)
+        for sid, row in written.items():
+            if row["state"] in known.states:
+                kept[sid] = row
+            else:
+                kept.pop(sid, None)
+        # Every stored job in the states was read (or kept): the rows are complete.
+        known.complete = bool(states) and (from_kept or read_states)
     resized = frozenset(e["job_id"] for e in events if e["kind"] in ("size", "restart"))
-    return UpsertResult(new, changed, len(events), ids, unlisted, resized)
+    return UpsertResult(new, changed, len(events), ids, unlisted, resized,
+                        frozenset(e["job_id"] for e in events))
 
 
 def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:

@@ -89,6 +89,8 @@ class IngestReport:
         rejected_by_job: Slurm id -> Counter of reasons, for jobs with rejections.
         problems: Slurm id -> description of a refused file (symlink, owner, ...).
         bytes_read: bytes consumed over all files.
+        unread: ``jobs.id`` of the jobs whose file still holds bytes past where this
+            call stopped (the per-call byte limit, or a line not finished yet).
     """
 
     jobs_read: int = 0
@@ -98,6 +100,7 @@ class IngestReport:
     rejected_by_job: dict[str, Counter] = field(default_factory=dict)
     problems: dict[str, str] = field(default_factory=dict)
     bytes_read: int = 0
+    unread: set[int] = field(default_factory=set)
 
 
 def _utc(t: float) -> datetime:
@@ -265,6 +268,8 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
                 now=now, accepted=len(result.records), rejected=dict(result.rejected))
             report.jobs_read += 1
             report.bytes_read += result.bytes_read
+            if result.offset < read.size:
+                report.unread.add(job.db_id)
             if result.rejected:
                 report.rejected.update(result.rejected)
                 report.rejected_by_job.setdefault(job.slurm_job_id, Counter()).update(
