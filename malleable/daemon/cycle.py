@@ -311,25 +311,21 @@ class Daemon:
         """Remember, from one poll, which jobs may have written progress lines: those
         Slurm shows running (or completing, suspended, configuring), and those the
         poll gave an event (new, state, size, restart: e.g. a job that started and was
-        requeued between two polls). Also lists the pending ones among them within
-        the read window, for `_ingest_in`."""
+        requeued between two polls). Entries older than the read window are dropped
+        (so finished jobs do not accumulate). Also lists the pending jobs among them,
+        for `_ingest_in`."""
         writers, ids = self._writers, upserted.ids
         for jid in upserted.evented:
             writers[jid] = now
-        recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
-        pending: list[int] = []
         for sj in jobs:
-            jid = ids.get(sj.job_id)
-            if jid is None:
-                continue
-            if sj.state in _WRITING_STATES:
+            if sj.state in _WRITING_STATES and (jid := ids.get(sj.job_id)) is not None:
                 writers[jid] = now
-            elif sj.state == JobState.PENDING and jid in writers:
-                if writers[jid] >= recent:
-                    pending.append(jid)
-                else:
-                    del writers[jid]
-        self._pending_writers = sorted(pending)
+        recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
+        for jid in [j for j, t in writers.items() if t < recent]:
+            del writers[jid]
+        self._pending_writers = sorted(
+            jid for sj in jobs if sj.state == JobState.PENDING
+            and (jid := ids.get(sj.job_id)) is not None and jid in writers)
 
     def ingest(self, now: datetime) -> IngestReport:
         """Read new progress lines of the malleable jobs (and those that just ended),

@@ -80,6 +80,8 @@ def test_a_pending_job_is_read_while_its_last_lines_can_be_unread(tmp_path):
     c.daemon.poll_cycle()
     assert (_samples(c, p), _samples(c, q)) == (2, 0)
 
+    # (What the daemon remembers of P is gone with the window: nothing accumulates.)
+    assert c.db_id(p) not in c.daemon._writers
     # ... until a daemon starts: its first read takes every file, pending or not.
     d = _restarted_daemon(c, tmp_path)
     c.advance(10)
@@ -107,6 +109,11 @@ def test_a_pending_job_with_bytes_left_is_read_until_its_file_is_drained(tmp_pat
     assert _samples(c, p) == n
     c.advance(10)
     assert d.poll_cycle().ingest.jobs_read == 0       # drained: nothing left to read
+    c.slurm.cancel(p)                                 # ends: remembered no longer
+    for _ in range(5):
+        c.advance(10)
+        d.poll_cycle()
+    assert d._writers == {}
 
 
 def test_the_upsert_names_every_job_given_an_event(tmp_path):
