@@ -199,11 +199,15 @@ class Daemon:
         # jobs.id -> the last poll at which the job ran, got an event, or had bytes left
         # to read; and whether every job's file was read once since this process began.
         self._writers: dict[int, datetime] = {}
+        self._unread: set[int] = set()   # jobs.id of files a read left bytes in
         self._pending_writers: list[int] = []
         self._read_all = False
         # The unfinished jobs' rows as this daemon last wrote them (it is their only
-        # writer): a poll reads from the store only the jobs not kept here.
+        # writer): a poll reads from the store only the jobs not kept here. When they
+        # were last committed (older than the lease timeout: another daemon may have
+        # taken over and written rows meanwhile, so they are read again).
         self.job_rows = store.JobRows()
+        self._rows_at: datetime | None = None
         self._lookups: dict[str, SlurmJob | SlurmError | None] = {}
         self._rpc_poll = 0
         self._rpc_nodes = 0
@@ -237,12 +241,16 @@ class Daemon:
         finally:
             self._rpc_poll += self.rpc_count() - rpc0
         skipped = list(getattr(self.slurm, "parse_errors", None) or ())
+        if self._rows_at is None or (now - self._rows_at).total_seconds() > \
+                self.config.daemon.lease_timeout_s:
+            self.job_rows.clear()   # (a long gap: another daemon may have written rows)
         try:
             self._poll_in(jobs, now, skipped, ingest)
         except BaseException:
             self.job_rows.clear()   # (not committed: the kept rows may be ahead of the store)
             raise
-        if ingest:
+        self._rows_at = now
+        if ingest and not skipped:
             self._read_all = True   # (committed: what a full read saw is stored)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
@@ -260,7 +268,7 @@ class Daemon:
                                          unlisted_in=() if skipped else _ACTIVE_STATES,
                                          known=self.job_rows)
             self.inputs_cache.forget(upserted.resized)
-            self._note_writers(jobs, upserted, now)
+            self._note_writers(jobs, upserted, now, complete=not skipped)
             if skipped:
                 log.warning("the poll skipped %d job record(s) it could not parse; no job is "
                             "taken as finished for missing from it", len(skipped))
@@ -271,7 +279,7 @@ class Daemon:
             # read of its own; the pause and the policy the cycle decides with are read
             # together, so an operator's `policy set` and `pause` are seen alike).
             self.paused, self.operator_policy = store.operator_settings(s)
-            self.last_ingest = self._ingest_in(s, now) if ingest else None
+            self.last_ingest = self._ingest_in(s, now, full=bool(skipped)) if ingest else None
 
     @staticmethod
     def _mark_vanished(s, gone: list[int], now: datetime) -> None:
@@ -307,13 +315,15 @@ class Daemon:
         return True
 
     def _note_writers(self, jobs: list[SlurmJob], upserted: store.UpsertResult,
-                      now: datetime) -> None:
+                      now: datetime, complete: bool = True) -> None:
         """Remember, from one poll, which jobs may have written progress lines: those
         Slurm shows running (or completing, suspended, configuring), and those the
         poll gave an event (new, state, size, restart: e.g. a job that started and was
         requeued between two polls). Entries older than the read window are dropped
-        (so finished jobs do not accumulate). Also lists the pending jobs among them,
-        for `_ingest_in`."""
+        (so finished jobs do not accumulate), and so are the files with bytes left of
+        jobs Slurm no longer lists (they are read while seen lately, as ended jobs
+        are; ``complete`` False: the poll skipped records, so none is dropped). Also
+        lists the pending jobs among them, for `_ingest_in`."""
         writers, ids = self._writers, upserted.ids
         for jid in upserted.evented:
             writers[jid] = now
@@ -323,36 +333,44 @@ class Daemon:
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
         for jid in [j for j, t in writers.items() if t < recent]:
             del writers[jid]
+        if self._unread and complete:
+            self._unread &= set(ids.values())
         self._pending_writers = sorted(
             jid for sj in jobs if sj.state == JobState.PENDING
-            and (jid := ids.get(sj.job_id)) is not None and jid in writers)
+            and (jid := ids.get(sj.job_id)) is not None
+            and (jid in writers or jid in self._unread))
 
     def ingest(self, now: datetime) -> IngestReport:
         """Read new progress lines of the malleable jobs (and those that just ended),
         in a transaction of their own."""
+        full = self.poll_incomplete
         with self.sessions() as s, s.begin():
-            report = self._ingest_in(s, now)
-        self._read_all = True   # (committed)
+            report = self._ingest_in(s, now, full=full)
+        if not full:
+            self._read_all = True   # (committed)
         return report
 
-    def _ingest_in(self, s, now: datetime) -> IngestReport:
+    def _ingest_in(self, s, now: datetime, full: bool = False) -> IngestReport:
         """`ingest` in the caller's transaction (the caller sets ``_read_all`` once it
-        has committed).
+        has committed). ``full``: read every file as at start (the last poll skipped
+        job records it could not parse, so which jobs are pending is not known).
 
         Whose files are read: the malleable jobs that are active (pending, running,
         completing, suspended) or were seen in the last three poll intervals (their
         last lines, e.g. ``finished``). Once every such file has been read since this
         process began, a pending job's file is read only while it may hold lines not
         read yet: within three poll intervals of a poll that showed the job running or
-        gave it an event (`_note_writers`), or while bytes were left past the last
-        read (`IngestReport.unread`). A pending job has no processes, so it writes
-        nothing; the lines it wrote before it stopped are read in that window, and
-        after a restart of the daemon every file is read again. Skipping the other
-        pending jobs' files leaves every stored row as a read of them would (it would
-        find no new bytes and write nothing)."""
+        gave it an event (`_note_writers`), or while its last read left bytes in it
+        (`IngestReport.unread`, until a read drains it). A pending job has no
+        processes, so it writes nothing; the lines it wrote before it stopped are read
+        in that window, and after a restart of the daemon, or while polls skip job
+        records, every file is read. Skipping the other pending jobs' files changes
+        no sample or event (a read would find no new bytes); only a file refused for
+        a problem (a symlink, another owner) is not checked again while its job
+        pends."""
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
         # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
-        if self._read_all and len(self._pending_writers) <= _MAX_PENDING_WRITERS:
+        if self._read_all and not full and len(self._pending_writers) <= _MAX_PENDING_WRITERS:
             rows = store.run_core(s, _TO_INGEST_WRITERS,
                                   {"recent": recent, "ids": self._pending_writers}).all()
         else:
@@ -364,8 +382,10 @@ class Daemon:
             files=store.progress_files_of(rows))
         for sid, reasons in report.rejected_by_job.items():
             log.warning("rejected progress lines: %s", dict(reasons), extra={"job": sid})
-        for jid in report.unread:   # (read on: a pending job's file is read while it has)
-            self._writers[jid] = now
+        # Files with bytes left are read on until a read drains them.
+        self._unread.difference_update(r.id for r in rows)
+        self._unread.update(report.unread)
+        for jid in report.unread:
             if jid not in self._pending_writers:
                 self._pending_writers.append(jid)
         return report

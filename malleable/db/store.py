@@ -277,8 +277,9 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             read every stored job in the ``unlisted_in`` states), the unlisted jobs
             are found in it too. Updated here with what this call writes. The
             same rows, events and result as without it, as long as the caller is
-            the only writer of job rows (see `JobRows`). A job whose stored values
-            equal what Slurm shows now (its kept signature) is only touched.
+            the only writer of job rows (see `JobRows`). A kept job whose values in
+            Slurm are those of the last write (its kept signature) gets only its poll
+            time written, and attained service while it runs.
 
     Returns:
         An `UpsertResult` with counts and the ``jobs.id`` of every job given.

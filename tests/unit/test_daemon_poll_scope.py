@@ -19,7 +19,7 @@ from malleable.config import parse_config
 from malleable.daemon.cycle import Daemon
 from malleable.db.models import Job, ProgressSample
 from malleable.sim.jobs import RigidJob, progress_path, progress_record, write_progress_line
-from tests.unit.test_daemon_cycle import SPEC, Cluster
+from tests.unit.test_daemon_cycle import SPEC, Cluster, SkippingSlurm
 
 
 def _line(c: Cluster, job_id: str, step: int) -> None:
@@ -104,6 +104,8 @@ def test_a_pending_job_with_bytes_left_is_read_until_its_file_is_drained(tmp_pat
         c.advance(10)
         d.poll_cycle()
         reads += 1
+        if reads == 1:
+            c.advance(100)   # a gap longer than the read window: bytes left still count
     # More reads than the three-interval window holds, and every line was taken.
     assert reads > 4
     assert _samples(c, p) == n
@@ -166,3 +168,49 @@ def test_a_poll_that_does_not_commit_forgets_the_kept_rows(tmp_path, monkeypatch
         assert (job.state, job.held, job.restart_count) == ("PENDING", True, 1)
         assert kinds == ["new", "state", "restart"]
     assert set(c.daemon.job_rows.rows) == {p}
+
+
+def test_while_polls_skip_job_records_every_file_is_read(tmp_path):
+    # A job whose record the poll could not parse is missing from it: its state is not
+    # known, so it is read whatever the store says (here: pending, while it runs).
+    c = Cluster(tmp_path, nodes=1, slurm_cls=SkippingSlurm)
+    x = c.submit(1, 4, RigidJob(1e6), SPEC)
+    c.slurm.hold(x)
+    c.advance(1)
+    c.daemon.poll_cycle()
+    for _ in range(4):                                # X's "new" event is behind
+        c.advance(10)
+        c.daemon.poll_cycle()
+    c.slurm.skip = frozenset({x})                     # from now on unparseable
+    c.slurm.release(x)                                # X runs; the store says pending
+    c.advance(1)
+    _line(c, x, 1)
+    c.advance(9)
+    r = c.daemon.poll_cycle()
+    assert c.daemon.poll_incomplete
+    assert _samples(c, x) == 1 and r.ingest.jobs_read == 1
+    c.advance(1)
+    _line(c, x, 2)
+    c.advance(9)
+    c.daemon.ingest(c.engine.datetime_at())           # an ingest cycle between polls
+    assert _samples(c, x) == 2
+
+
+def test_kept_rows_are_read_again_after_a_gap_longer_than_the_lease_timeout(tmp_path):
+    from sqlalchemy import update
+
+    c = Cluster(tmp_path, nodes=1)
+    p = c.submit(1, 2, RigidJob(1e6), SPEC)
+    c.advance(1)
+    c.daemon.poll_cycle()
+    c.advance(10)
+    c.daemon.poll_cycle()
+    # Another daemon (which took over the lease while this one hung) wrote the row.
+    with c.sessions() as s, s.begin():
+        s.execute(update(Job).where(Job.slurm_job_id == p).values(attained_gpu_s=1000.0))
+    c.advance(301)                                    # > lease_timeout_s (300)
+    c.daemon.poll_cycle()
+    with c.sessions() as s:
+        # From the stored 1000 GPU-seconds, not from what this daemon kept (20).
+        assert s.scalar(select(Job.attained_gpu_s).where(Job.slurm_job_id == p)) == \
+            1000.0 + 2 * 301

@@ -24,8 +24,9 @@ from malleable.slurm.records import JobState, SlurmJob
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 ACTIVE = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
-STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.COMPLETED,
-          JobState.FAILED, JobState.CANCELLED)
+STATES = (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.COMPLETING,
+          JobState.CONFIGURING, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED,
+          JobState.REQUEUED, JobState.STOPPED)
 COMMENTS = ("", "malleable:gpus=1-4", "malleable:gpus=banana")
 
 job = st.builds(
