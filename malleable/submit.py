@@ -39,6 +39,7 @@ from malleable.clitypes import one_line
 from malleable.config import ConfigError, load_config
 from malleable.slurm import connect
 from malleable.slurm.client import InvalidArgument, SlurmError
+from malleable.slurm.jobid import check_count
 from malleable.slurm.records import ClusterInfo, SubmitRequest
 from malleable.spec import (
     MalleableSpec,
@@ -208,6 +209,10 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
     if k % g:
         raise SubmitError(f"--initial-gpus={k}: more than one node ({g} GPUs) but not whole "
                           f"nodes")
+    try:
+        check_count("nodes", k // g)   # the port's bound on a request, named for the user
+    except InvalidArgument as exc:
+        raise SubmitError(f"--initial-gpus={k}: {k // g} nodes of {g} GPUs; {exc}") from None
     return k // g, g
 
 

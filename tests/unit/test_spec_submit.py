@@ -59,6 +59,10 @@ def test_initial_shape_whole_nodes_above_one_node():
         initial_shape(spec, 3, 4)
     with pytest.raises(SubmitError, match="whole"):
         initial_shape(parse_spec("malleable:gpus=1-16"), 6, 4)
+    # A size no request can have is named as the option the user gave.
+    with pytest.raises(SubmitError, match=r"^--initial-gpus=100000000: 25000000 nodes of 4 "
+                                          r"GPUs; invalid nodes 25000000"):
+        initial_shape(parse_spec("malleable:gpus=1-100000000"), 100000000, 4)
 
 
 @pytest.mark.parametrize("args, message", [
