@@ -199,20 +199,25 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
         SubmitError: the size is outside the spec or cannot be whole nodes.
     """
     k = spec.min_gpus if gpus is None else gpus
-    if not spec.allows(k):
-        shown = spec.allowed_gpus(limit=13)
-        raise SubmitError(f"--initial-gpus={k}: not allowed by the spec (allowed: "
-                          f"{', '.join(map(str, shown[:12]))}{', ...' if len(shown) > 12 else ''})")
+    # Name the size as the user gave it, or say where it came from.
+    what = (f"--initial-gpus={k}" if gpus is not None else
+            f"the initial size, {k} GPUs (the spec's minimum: no --initial-gpus given)")
     g = max(1, gpus_per_node)
+    if not spec.allows(k):
+        # The sizes the job can start on: allowed by the spec and whole nodes above one.
+        shown = [n for n in spec.allowed_gpus(limit=1000) if n <= g or n % g == 0][:13]
+        listed = (f"{', '.join(map(str, shown[:12]))}{', ...' if len(shown) > 12 else ''}"
+                  if shown else "none among the first 1000 sizes")
+        raise SubmitError(f"{what}: not allowed by the spec (sizes it allows on {g}-GPU "
+                          f"nodes: {listed})")
     if k <= g:
         return 1, k
     if k % g:
-        raise SubmitError(f"--initial-gpus={k}: more than one node ({g} GPUs) but not whole "
-                          f"nodes")
+        raise SubmitError(f"{what}: more than one node ({g} GPUs) but not whole nodes")
     try:
         check_count("nodes", k // g)   # the port's bound on a request, named for the user
     except InvalidArgument as exc:
-        raise SubmitError(f"--initial-gpus={k}: {k // g} nodes of {g} GPUs; {exc}") from None
+        raise SubmitError(f"{what}: {k // g} nodes of {g} GPUs; {exc}") from None
     return k // g, g
 
 

@@ -59,6 +59,14 @@ def test_initial_shape_whole_nodes_above_one_node():
         initial_shape(spec, 3, 4)
     with pytest.raises(SubmitError, match="whole"):
         initial_shape(parse_spec("malleable:gpus=1-16"), 6, 4)
+    # A size taken from the spec's minimum is not blamed on an option never given.
+    with pytest.raises(SubmitError, match=r"^the initial size, 6 GPUs \(the spec's minimum: "
+                                          r"no --initial-gpus given\): more than one node"):
+        initial_shape(parse_spec("malleable:gpus=6-8"), None, 4)
+    # The sizes listed are those the job can start on (whole nodes above one).
+    with pytest.raises(SubmitError, match=r"sizes it allows on 4-GPU nodes: 2, 3, 4, 8, 12, "
+                                          r"16\)$"):
+        initial_shape(parse_spec("malleable:gpus=2-16"), 32, 4)
     # A size no request can have is named as the option the user gave.
     with pytest.raises(SubmitError, match=r"^--initial-gpus=100000000: 25000000 nodes of 4 "
                                           r"GPUs; invalid nodes 25000000"):
