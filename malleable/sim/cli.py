@@ -347,7 +347,7 @@ def _validate(specs) -> list[int]:
     from malleable.sim.traces import TraceError
 
     sizes: dict[tuple, int] = {}
-    noted: set[str] = set()
+    noted: set = set()
     out = []
     for s in specs:
         key = (s.workload, s.seed if s.fmt in ("philly", "gavel", "auto") else 0)
@@ -369,6 +369,12 @@ def _validate(specs) -> list[int]:
                 click.echo(f"malleable simulate: note: --workload {s.workload}: {big} job(s) "
                            f"ask for more GPUs than the cluster's {total}; they run on "
                            f"{total} (jobs.csv keeps their request)", err=True)
+            late = sum(1 for j in jobs if j.arrival_s > s.max_time_s)
+            if late and (s.workload, "late") not in noted:
+                noted.add((s.workload, "late"))
+                click.echo(f"malleable simulate: note: --workload {s.workload}: {late} job(s) "
+                           f"arrive after --max-time ({s.max_time_s / 3600:g} h): they are "
+                           f"never submitted and count as unfinished", err=True)
         try:
             s.daemon_config()
             s.options()

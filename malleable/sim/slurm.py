@@ -620,6 +620,13 @@ class SimSlurm:
         return np.array(self._timeline_t), np.array(self._timeline_used, dtype=np.int64)
 
     @property
+    def known_jobs(self) -> int:
+        """Jobs a poll would report now (active, and ended ones until MinJobAge). Not an
+        RPC: the simulator's own view, for skipping cycles."""
+        self._purge()
+        return len(self._visible)
+
+    @property
     def active_jobs(self) -> int:
         """Pending plus running jobs."""
         return len(self._active)

@@ -10,6 +10,7 @@ sizes after submission: that is the daemon's (or a test driver's) business.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,13 @@ class Replay:
             nodes, gpn = shape_for(gpus, slurm.gpus_per_node)
             self.jobs.append(ReplayedJob(t, build(t), nodes, gpn, capped=capped))
         self._started = False
+        self._arrivals = sorted(max(r.trace.arrival_s, 0.0) for r in self.jobs)
+
+    def next_arrival(self, now: float) -> float | None:
+        """The first trace arrival after virtual time ``now`` (s), None if none is left
+        (arrivals at ``now`` itself are submitted before any other event of ``now``)."""
+        i = bisect.bisect_right(self._arrivals, now)
+        return self._arrivals[i] if i < len(self._arrivals) else None
 
     @property
     def capped(self) -> list[str]:

@@ -152,3 +152,27 @@ def test_progress_is_ingested_into_the_state_store(tmp_path):
     assert malleable == 2
     lines = (tmp_path / "work" / "spool").glob("*.jsonl")
     assert sum(1 for f in lines for _ in f.open()) >= samples
+
+
+def test_an_idle_stretch_is_passed_over_with_the_same_jobs_and_decisions():
+    # ncf takes about a minute; the second job arrives 20,000 s after the first one ended.
+    jobs = [TraceJob("ncf-a", 0.0, 1, model="ncf", batch_size=32768),
+            TraceJob("ncf-b", 20_000.0, 1, model="ncf", batch_size=32768)]
+
+    def go(skip: bool):
+        opts = SimOptions(nodes=2, gpus_per_node=4, restart_cost_s=30.0, skip_idle=skip,
+                          setup=setup_for("pollux"), max_time_s=10 * 3600.0)
+        return run_simulation(jobs, config("pollux"), opts)
+
+    fast, full = go(True), go(False)
+    assert fast.finished and full.finished
+    assert fast.outcomes == full.outcomes
+    counts = ("decide_cycles", "decisions")
+    assert {k: v for k, v in fast.summary.items() if k not in counts} == \
+        {k: v for k, v in full.summary.items() if k not in counts}
+    # The decide ticks of the empty cluster (after MinJobAge) are not run, and are counted.
+    assert full.cycles.skipped_decides == 0
+    assert fast.cycles.skipped_decides > 300
+    assert fast.summary["decide_cycles"] + fast.cycles.skipped_decides == \
+        full.summary["decide_cycles"]
+    assert fast.summary["decisions_sha256"] == full.summary["decisions_sha256"]

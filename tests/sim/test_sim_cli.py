@@ -352,3 +352,18 @@ def test_an_alias_and_its_policy_are_one_policy(tmp_path, workload):
                    str(tmp_path / "o"))
     assert res.exit_code == 2
     assert "'default' and 'pollux' are the same policy" in res.output
+
+
+def test_arrivals_after_max_time_are_noted_and_an_idle_gap_is_quick(tmp_path):
+    late = tmp_path / "late.csv"
+    late.write_text("name,time,application,num_replicas,batch_size\n"
+                    "j0,0,ncf,1,32768\nj1,1000000,ncf,1,32768\nj2,1e300,ncf,1,32768\n")
+    res = simulate("--workload", str(late), "--policy", "static", "--nodes", "2",
+                   "--no-plots", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.output
+    assert (f"--workload {late}: 1 job(s) arrive after --max-time (2880 h): they are never "
+            "submitted and count as unfinished") in res.stderr
+    summary = json.loads((tmp_path / "o" / "late" / "static" / "seed0" / "summary.json").read_text())
+    # j0 and j1 ran (j1 after an empty cluster for ~11 days: those decide ticks are passed
+    # over, not run); j2 never arrives.
+    assert summary["jobs_finished"] == 2 and summary["decide_cycles"] < 100
