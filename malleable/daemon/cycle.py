@@ -77,22 +77,28 @@ log = logging.getLogger(__name__)
 # Built once (building a statement costs more than running it).
 # Stored states of a job Slurm should still report (else it finished unseen).
 _ACTIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
-# Malleable jobs whose progress is read: active ones, and those seen since ``recent``;
-# with their progress_files rows (one statement).
-_TO_INGEST = store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
-    Job.malleable.is_(True), (Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
-                              | (Job.last_seen >= bindparam("recent"))))).order_by(Job.id)
+
+
+def _to_ingest(which):
+    """The malleable jobs ``which`` selects, with their progress_files rows (one
+    statement; three columns as table rows: no ORM entity, nor its JSON spec, per job)."""
+    return store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
+        Job.malleable.is_(True), which)).order_by(Job.id)
+
+
+# Malleable jobs whose progress is read: active ones, and those seen since ``recent``.
+_TO_INGEST = _to_ingest(Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
+                        | (Job.last_seen >= bindparam("recent")))
 # States in which a job's processes exist, so it may write progress lines.
 _WRITING_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED,
                              JobState.CONFIGURING})
 # The same jobs less the pending ones that cannot have written since the last read
 # (`Daemon._ingest_in`): a pending job is read only if its id is in :ids.
-_TO_INGEST_WRITERS = store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
-    Job.malleable.is_(True),
+_TO_INGEST_WRITERS = _to_ingest(
     ((Job.state != JobState.PENDING.value)
      & (Job.state.in_(("RUNNING", "COMPLETING", "SUSPENDED"))
         | (Job.last_seen >= bindparam("recent"))))
-    | Job.id.in_(bindparam("ids", expanding=True)))).order_by(Job.id)
+    | Job.id.in_(bindparam("ids", expanding=True)))
 # At most this many pending jobs are named by id in one ingest query; more: read all.
 _MAX_PENDING_WRITERS = 500
 
@@ -369,7 +375,6 @@ class Daemon:
         a problem (a symlink, another owner) is not checked again while its job
         pends."""
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
-        # Three columns as table rows: no ORM entity (nor its JSON spec) per job.
         if self._read_all and not full and len(self._pending_writers) <= _MAX_PENDING_WRITERS:
             rows = store.run_core(s, _TO_INGEST_WRITERS,
                                   {"recent": recent, "ids": self._pending_writers}).all()

@@ -233,10 +233,19 @@ class JobRows:
 
 
 def _signature(sj: SlurmJob) -> tuple:
-    """What `upsert_jobs` compares of a Slurm job (``_JOB_FIELDS`` order)."""
+    """What `upsert_jobs` stores and compares of a Slurm job, in ``_JOB_FIELDS`` order."""
     return (sj.comment or None, sj.name, sj.user, sj.uid, sj.account, sj.partition,
             sj.state.value, sj.reason, sj.held, sj.gpus, sj.node_count, sj.gpus_per_node,
             sj.submit_time, sj.start_time, sj.end_time, sj.restart_count)
+
+
+def _attained(job: Mapping[str, Any], now: datetime) -> float | None:
+    """A stored job's attained service at ``now``: the GPUs it held since the last poll
+    added while it runs (GPU-seconds), else as stored."""
+    if job["state"] == JobState.RUNNING.value and job["last_seen"] is not None:
+        dt = (now - job["last_seen"]).total_seconds()
+        return (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
+    return job["attained_gpu_s"]   # unchanged: see `upsert_jobs`'s docstring
 
 
 def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
@@ -320,23 +329,25 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     touched: list[int] = []   # jobs.id of the jobs whose only change is last_seen
     moved: dict[str, int] = {}   # Slurm id -> jobs.id of the finished job that had it
     written: dict[str, dict[str, Any]] = {}   # Slurm id -> the row as written, for ``known``
+
+    def write(sid: str, jid: int, job: dict[str, Any], diff: dict[str, Any], sig: tuple) -> None:
+        # Only what changed is written: a job whose only change is the poll's time is
+        # touched with the others.
+        if len(diff) == 2 and diff["attained_gpu_s"] == job["attained_gpu_s"]:
+            touched.append(jid)
+        else:
+            updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
+        if known is not None:
+            written[sid] = {k: diff.get(k, job[k]) for k in _UPSERT_KEYS} | {"_sig": sig}
+
     for sid, sj in incoming.items():
         job = existing.get(sid)
-        sig = _signature(sj) if known is not None else None
-        if job is not None and sig is not None and job.get("_sig") == sig:
-            # Nothing Slurm shows changed since the last write: the poll's time, and
-            # attained service while it runs (the general path below does the same).
+        sig = _signature(sj)
+        if known is not None and job is not None and job.get("_sig") == sig:
+            # Nothing Slurm shows changed since this caller's last write: no event, no
+            # field to compare.
             jid = ids[sid] = job["id"]
-            row = dict(job, last_seen=now)
-            if job["state"] == JobState.RUNNING.value and job["last_seen"] is not None:
-                dt = (now - job["last_seen"]).total_seconds()
-                row["attained_gpu_s"] = (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
-            if row["attained_gpu_s"] == job["attained_gpu_s"]:
-                touched.append(jid)
-            else:
-                updates.setdefault(("last_seen", "attained_gpu_s"), []).append(
-                    {"_id": jid, "last_seen": now, "attained_gpu_s": row["attained_gpu_s"]})
-            written[sid] = row
+            write(sid, jid, job, {"last_seen": now, "attained_gpu_s": _attained(job, now)}, sig)
             continue
         if job is not None and reused_id(job, sj):
             # A new job: the finished one keeps its rows under another id, and its
@@ -351,12 +362,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             job = None
         state = sj.state.value
         comment = sj.comment or None
-        values = {"spec_text": comment, "name": sj.name, "user": sj.user, "uid": sj.uid,
-                  "account": sj.account, "partition": sj.partition, "state": state,
-                  "reason": sj.reason, "held": sj.held, "gpus": sj.gpus,
-                  "nodes": sj.node_count, "gpus_per_node": sj.gpus_per_node,
-                  "submit_time": sj.submit_time, "start_time": sj.start_time,
-                  "end_time": sj.end_time, "restart_count": sj.restart_count}
+        values = dict(zip(_JOB_FIELDS, sig, strict=True))
         if job is None:
             row = {**values, "slurm_job_id": sid, "first_seen": now, "last_seen": now,
                    "arrival_time": sj.submit_time or now, "attained_gpu_s": 0.0,
@@ -366,9 +372,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
                 row.update(spec=spec, spec_error=error, malleable=spec is not None)
             jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
-            if sig is not None:
-                written[sid] = {c.name: row.get(c.name) for c in _UPSERT_COLUMNS} | {
-                    "id": jid, "_sig": sig}
+            if known is not None:
+                written[sid] = {k: row.get(k) for k in _UPSERT_KEYS} | {"id": jid, "_sig": sig}
             if sid in moved:
                 run_core(session, _MOVE_PROGRESS_FILE, {"_old": moved[sid], "_new": jid})
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
@@ -377,13 +382,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             continue
         jid = ids[sid] = job["id"]
         before = len(events)
-        diff: dict[str, Any] = {"last_seen": now}
-        if job["state"] == JobState.RUNNING.value and job["last_seen"] is not None:
-            # Attained service: the GPUs it held since the last poll, while running.
-            dt = (now - job["last_seen"]).total_seconds()
-            diff["attained_gpu_s"] = (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
-        else:
-            diff["attained_gpu_s"] = job["attained_gpu_s"]  # unchanged: see the docstring
+        diff: dict[str, Any] = {"last_seen": now, "attained_gpu_s": _attained(job, now)}
         if job["state"] != state:
             events.append(_event(jid, now, "state", old_state=job["state"], new_state=state))
         if job["gpus"] != sj.gpus or job["nodes"] != sj.node_count:
@@ -395,16 +394,10 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         if parse_spec is not None and comment != job["spec_text"]:
             spec, error = _parse(sj.comment, parse_spec) if comment else (None, None)
             diff.update(spec=spec, spec_error=error, malleable=spec is not None)
-        # Only what changed is written.
         for attr, value in values.items():
             if job[attr] != value:
                 diff[attr] = value
-        if len(diff) == 2 and diff["attained_gpu_s"] == job["attained_gpu_s"]:
-            touched.append(jid)
-        else:
-            updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
-        if sig is not None:
-            written[sid] = {k: diff.get(k, job[k]) for k in _UPSERT_KEYS} | {"_sig": sig}
+        write(sid, jid, job, diff, sig)
     for part in _chunks(touched):
         run_core(session, _TOUCH_JOBS, {"ids": list(part), "now": now})
     for keys, rows in updates.items():

@@ -347,7 +347,7 @@ def _validate(specs) -> list[int]:
     from malleable.sim.traces import TraceError
 
     sizes: dict[tuple, int] = {}
-    noted: set = set()
+    noted: set[tuple[str, str]] = set()   # (workload, what was noted)
     out = []
     for s in specs:
         key = (s.workload, s.seed if s.fmt in ("philly", "gavel", "auto") else 0)
@@ -364,8 +364,8 @@ def _validate(specs) -> list[int]:
             sizes[key] = len(jobs)
             total = s.nodes * s.gpus_per_node
             big = sum(1 for j in jobs if j.gpus > total)
-            if big and s.workload not in noted:
-                noted.add(s.workload)
+            if big and (s.workload, "big") not in noted:
+                noted.add((s.workload, "big"))
                 click.echo(f"malleable simulate: note: --workload {s.workload}: {big} job(s) "
                            f"ask for more GPUs than the cluster's {total}; they run on "
                            f"{total} (jobs.csv keeps their request)", err=True)

@@ -262,7 +262,6 @@ class _ServiceClock:
         if nxt <= self.until:
             self.engine.schedule(nxt, self._tick, priority=PRIORITY_DAEMON)
 
-
     def _jump_if_idle(self) -> None:
         """Move the poll, ingest and decide series to their first tick at or after the
         time ``idle_until`` gives (on the same grid, whole periods), if it gives one."""
