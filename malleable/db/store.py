@@ -338,7 +338,10 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         else:
             updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
         if known is not None:
-            written[sid] = {k: diff.get(k, job[k]) for k in _UPSERT_KEYS} | {"_sig": sig}
+            if job.get("_sig") == sig:   # a kept row, the same but for the poll's time
+                written[sid] = {**job, **diff}
+            else:
+                written[sid] = {k: diff.get(k, job[k]) for k in _UPSERT_KEYS} | {"_sig": sig}
 
     for sid, sj in incoming.items():
         job = existing.get(sid)

@@ -64,6 +64,9 @@ MAX_INT = 2**63 - 1
 
 CKPT_MAGIC = b"MALLEABLE-CKPT 1\n"
 _CKPT_HEADER = struct.Struct(">Q32s")   # payload length, SHA-256 of the payload
+# Directory -> the other processes' temporary files in it when this process first wrote
+# there, not removed yet (`atomic_write`).
+_STALE: dict[str, set[str]] = {}
 
 
 class CheckpointError(OSError):
@@ -228,7 +231,12 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644,
     Writes a temporary file in the same directory (created exclusively, not
     following symlinks), fsyncs it, renames it over ``path`` and fsyncs the
     directory. A process killed at any point leaves ``path`` as it was (and at
-    worst a stale ``.<name>.<pid>.tmp`` file, removed by the next write).
+    worst a stale ``.<name>.<pid>.tmp`` file). A write removes the stale
+    temporary files of its own ``path`` that were there when this process first
+    wrote into the directory: the directory is listed once per process, not on
+    every write (a spool directory holds a file per job, and the daemon writes a
+    plan file into it on every requeue). A file that another process leaves
+    later is removed by the next process that writes there.
 
     Args:
         path: the target file.
@@ -244,11 +252,15 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644,
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     prefix = f".{name}."
-    with contextlib.suppress(OSError):
-        for entry in os.listdir(directory):
-            if entry.startswith(prefix) and entry.endswith(".tmp"):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(directory, entry))
+    stale = _STALE.get(directory)
+    if stale is None:
+        with contextlib.suppress(OSError):
+            stale = _STALE[directory] = {e for e in os.listdir(directory)
+                                         if e.startswith(".") and e.endswith(".tmp")}
+    for entry in [e for e in stale or () if e.startswith(prefix)]:
+        stale.discard(entry)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, entry))
     tmp = os.path.join(directory, f"{prefix}{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:

@@ -18,6 +18,7 @@ from malleable.progress.reporter import (
     CheckpointError,
     Plan,
     Reporter,
+    atomic_write,
     format_plan,
     gpus_per_node_from_env,
     job_id_from_env,
@@ -267,6 +268,28 @@ def test_killed_mid_save_keeps_the_previous_checkpoint(tmp_path):
     write_checkpoint(p, b"next")
     assert read_checkpoint(p) == b"next"
     assert not any(x.name.endswith(".tmp") for x in tmp_path.iterdir())
+
+
+def test_stale_temporary_files_go_and_the_directory_is_listed_once(tmp_path, monkeypatch):
+    """A dead writer's ``.<name>.<pid>.tmp`` is removed by the next write of that name;
+    other names' temporary files stay until their own write; and a directory is listed
+    once per process, not on every write (a spool holds a file per job)."""
+    for i in range(50):
+        (tmp_path / f"{i}.jsonl").write_text("")
+    (tmp_path / ".a.plan.json.999999.tmp").write_text("torn")   # a killed writer's
+    (tmp_path / ".b.plan.json.999999.tmp").write_text("torn")
+    listed = []
+    real = os.listdir
+    monkeypatch.setattr(rmod.os, "listdir", lambda d: listed.append(d) or real(d))
+    for i in range(5):
+        atomic_write(tmp_path / "a.plan.json", f"{i}".encode())
+    assert (tmp_path / "a.plan.json").read_text() == "4"
+    assert not (tmp_path / ".a.plan.json.999999.tmp").exists()
+    assert (tmp_path / ".b.plan.json.999999.tmp").exists()   # not this write's name
+    atomic_write(tmp_path / "b.plan.json", b"b")
+    assert not (tmp_path / ".b.plan.json.999999.tmp").exists()
+    assert listed == [str(tmp_path)]
+    assert sorted(p.name for p in tmp_path.glob(".*")) == []
 
 
 def test_daemon_writes_a_plan_the_reporter_reads(tmp_path):
