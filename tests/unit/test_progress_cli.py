@@ -75,3 +75,92 @@ def test_console_script(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert read(tmp_path / "8.jsonl")[0]["batch"] == 16
+
+
+def line(step: int, *, event: str = "progress", restart: int = 0, job: str = "40",
+         samples: int | None = None) -> bytes:
+    doc = {"v": 1, "t": 1.7e9, "job": job, "event": event, "step": step,
+           "samples": step * 8 if samples is None else samples, "gpus": 1, "nodes": 1,
+           "batch": 8, "restart": restart}
+    if event == "checkpointed":
+        doc["path"] = "/scratch/40.ckpt"
+    return (json.dumps(doc) + "\n").encode()
+
+
+def step_env(tmp_path, restart: int = 0) -> dict:
+    return {"SLURM_JOB_ID": "40", "SLURM_ARRAY_JOB_ID": "", "SLURM_RESTART_COUNT": str(restart),
+            "MALLEABLE_SPOOL": str(tmp_path), "MALLEABLE_BATCH_SIZE": ""}
+
+
+def progress_at(step: int, env: dict, *extra: str):
+    return run(["progress", "--step", str(step), "--samples", str(step * 8), *extra], env)
+
+
+def ingested_steps(path: Path) -> list[int | str]:
+    """What ingestion makes of the file: each line's step, or its rejection reason."""
+    v = LineValidator("40")
+    return [r.step if isinstance(r, ProgressRecord) else r.reason.value
+            for r in (v.feed(x, 2e9) for x in path.read_bytes().splitlines())]
+
+
+def test_progress_below_the_runs_last_step_is_refused_and_nothing_written(tmp_path):
+    env, path = step_env(tmp_path), tmp_path / "40.jsonl"
+    assert run(["started", "--batch", "8"], env).exit_code == 0
+    assert progress_at(120, env).exit_code == 0
+    before = path.read_bytes()
+    res = progress_at(90, env)
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        f"malleable report: error: --step=90: below step 120 of this run's last line in "
+        f"{path} (the daemon would reject it as decreasing_step)"]
+    assert path.read_bytes() == before
+    # A checkpointed line counts too; and the step is that of the last line ingestion
+    # accepts: a line it rejects (90 after 120, written by hand) does not lower it.
+    path.write_bytes(before + line(130, event="checkpointed") + line(90))
+    assert ingested_steps(path) == [0, 120, 130, "decreasing_step"]
+    res = progress_at(100, env)
+    assert res.exit_code == 2 and "below step 130 of this run's last line" in res.stderr
+    # A large file: only its tail is read, and still decides.
+    path.write_bytes(b"".join(line(s) for s in range(2000)))
+    assert path.stat().st_size > 4 * 64 * 1024
+    before = path.read_bytes()
+    res = progress_at(1500, env)
+    assert res.exit_code == 2 and "below step 1999 " in res.stderr
+    assert path.read_bytes() == before
+
+
+def test_progress_at_an_equal_or_higher_step_is_written(tmp_path):
+    env, path = step_env(tmp_path), tmp_path / "40.jsonl"
+    assert run(["started", "--step", "100", "--samples", "800", "--batch", "8"],
+               env).exit_code == 0
+    assert progress_at(100, env).exit_code == 0     # equal: ingestion accepts it
+    assert progress_at(120, env).exit_code == 0
+    assert progress_at(120, env).exit_code == 0
+    assert ingested_steps(path) == [100, 100, 120, 120]
+
+
+def test_a_new_restart_or_a_started_line_resets_the_step(tmp_path):
+    path = tmp_path / "40.jsonl"
+    run0, run1 = step_env(tmp_path, 0), step_env(tmp_path, 1)
+    assert run(["started", "--batch", "8"], run0).exit_code == 0
+    assert progress_at(120, run0).exit_code == 0
+    assert progress_at(90, run1).exit_code == 0     # requeued: resumed from an older checkpoint
+    res = progress_at(80, run1)                     # ... but within run 1 the step rises
+    assert res.exit_code == 2 and "below step 90 " in res.stderr
+    assert run(["started", "--step", "50", "--samples", "400"], run1).exit_code == 0
+    assert progress_at(60, run1).exit_code == 0     # reloaded a checkpoint without a requeue
+    assert ingested_steps(path) == [0, 120, 90, 50, 60]
+
+
+def test_a_torn_last_line_or_an_empty_file_is_tolerated(tmp_path):
+    env, path = step_env(tmp_path), tmp_path / "40.jsonl"
+    path.write_bytes(b"")
+    assert progress_at(5, env, "--batch", "8").exit_code == 0
+    torn = line(120)[:40]                           # a writer died mid-line
+    path.write_bytes(torn)
+    assert progress_at(5, env, "--batch", "8").exit_code == 0
+    path.write_bytes(line(120) + torn)
+    res = progress_at(90, env)                      # the torn line is skipped, not fatal
+    assert res.exit_code == 2 and "below step 120 " in res.stderr
+    assert path.read_bytes() == line(120) + torn
+    assert progress_at(130, env).exit_code == 0
