@@ -388,6 +388,7 @@ class Reporter:
         self.step = 0
         self.samples = 0
         self.dropped = 0
+        self._line_ended = False   # the file is known to end in a newline (see `_append`)
         self._clock = clock
         self._requested = threading.Event()
         self._warned: set[str] = set()
@@ -622,7 +623,14 @@ class Reporter:
             self.step, self.samples = step, samples
 
     def _append(self, line: bytes) -> bool:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        """Append one line (bytes ending in a newline) to the progress file. On this
+        reporter's first write, and after a short write, a file that does not end in
+        a newline (a line torn by a writer killed mid-write, e.g. before a requeue) is
+        ended first, so the torn fragment is rejected alone and this line is read
+        whole. (A writer appending at the same moment can make that a blank line,
+        which readers skip.) False, warned once per kind: not written."""
+        # O_RDWR: the last byte is read (pread) to see whether the file ends a line.
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             try:
                 fd = os.open(self.path, flags, 0o644)
@@ -641,7 +649,11 @@ class Reporter:
                 self._warn("owner", f"{self.path} is not a regular file owned by uid "
                            f"{os.geteuid()} (owner {st.st_uid}); progress is not reported")
                 return False
+            if (not self._line_ended and st.st_size > 0
+                    and os.pread(fd, 1, st.st_size - 1) != b"\n"):
+                line = b"\n" + line
             n = os.write(fd, line)
+            self._line_ended = n == len(line)
             if n != len(line):
                 self.dropped += 1
                 self._warn("short", f"short write to {self.path} ({n} of {len(line)} bytes)")

@@ -30,7 +30,7 @@ REPORTER_FILE = Path(rmod.__file__)
 
 
 def lines(path) -> list[dict]:
-    return [json.loads(x) for x in Path(path).read_text().splitlines()]
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
 
 
 def test_default_spool_matches_config_default():
@@ -142,6 +142,29 @@ def test_unwritable_or_foreign_progress_file_drops_lines_with_one_warning(tmp_pa
     rep = Reporter("8", tmp_path / "new" / "spool", batch_size=4, install_handler=False)
     rep.log(1, 4)
     assert lines(rep.path)[0]["step"] == 1
+
+
+def test_a_torn_last_line_is_ended_before_the_next_line(tmp_path):
+    """A writer killed mid-line leaves a fragment without a newline: the next line is
+    written after a newline, so ingestion rejects the fragment alone and reads the new
+    line whole (before, the two made one line rejected as not_json)."""
+    from malleable.progress.lines import LineValidator, ProgressRecord, Reason, split_lines
+    rep = Reporter("9", tmp_path, batch_size=4, install_handler=False)
+    rep.log(1, 4)
+    whole = Path(rep.path).read_bytes()
+    Path(rep.path).write_bytes(whole + whole[:25])          # the torn second line
+    rep2 = Reporter("9", tmp_path, batch_size=4, restart_count=1, install_handler=False)
+    rep2.started(1, 4)
+    got, rest = split_lines(Path(rep.path).read_bytes())
+    assert rest == b""
+    v = LineValidator("9")
+    results = [v.feed(x, now=1e12) for x in got]
+    assert [type(r).__name__ for r in results] == ["ProgressRecord", "Rejection",
+                                                   "ProgressRecord"]
+    assert results[1].reason is Reason.NOT_JSON
+    assert isinstance(results[2], ProgressRecord) and results[2].event == "started"
+    rep2.log(2, 8)                                          # a whole file: nothing added
+    assert Path(rep.path).read_bytes().count(b"\n") == 4
 
 
 def test_concurrent_appends_never_interleave(tmp_path):
