@@ -87,8 +87,22 @@ def _nan(v) -> float:
     return float("nan") if v is None else float(v)
 
 
+_SPEC_FLOATS = ("max_batch_size", "max_local_batch_size", "target_samples", "target_epochs",
+                "samples_per_epoch", "target_steps", "target_metric")
+
+
+def _spec_row(job: Job) -> tuple:
+    """What `job_specs` reads of one job's spec: (min_gpus, max_gpus, step, batch_size
+    as declared or None, the `_SPEC_FLOATS` as floats (NaN: not declared), metric
+    direction, `group_key`)."""
+    spec = job.spec or {}
+    return (int(spec.get("min_gpus", 1)), int(spec.get("max_gpus", 1)), int(spec.get("step", 1)),
+            spec.get("batch_size"), *(_nan(spec.get(k)) for k in _SPEC_FLOATS),
+            -1 if spec.get("metric_goal", "max") == "min" else 1, group_key(job))
+
+
 def job_specs(jobs: Sequence[Job], groups: dict[str, int], first_batch: dict[int, float],
-              ) -> JobSpecs:
+              cache: dict[int, tuple] | None = None) -> JobSpecs:
     """`JobSpecs` arrays for ``jobs`` from their stored specs.
 
     Args:
@@ -96,33 +110,48 @@ def job_specs(jobs: Sequence[Job], groups: dict[str, int], first_batch: dict[int
         groups: group key -> int (`group_key`); unknown keys get -1.
         first_batch: ``jobs.id`` -> the batch size of the job's first sample, used
             as m0 when the spec declares none.
+        cache: ``jobs.id`` -> (spec text, user, name, `_spec_row`), kept by the caller
+            between cycles: a job's row is recomputed only when one of the three
+            changed (the spec is parsed from its text). Jobs not in ``jobs`` are
+            dropped from it. None: computed for every job.
 
     Returns:
         (J,) arrays; a job whose spec lacks a value gets NaN (the estimators flag
         it and fall back to priors; they never raise on per-job values).
     """
-    def col(key: str) -> np.ndarray:
-        return np.array([_nan((j.spec or {}).get(key)) for j in jobs], dtype=np.float64)
-
-    m0 = np.array([_nan((j.spec or {}).get("batch_size") or first_batch.get(j.id))
-                   for j in jobs], dtype=np.float64)
-    goal = [(j.spec or {}).get("metric_goal", "max") for j in jobs]
+    if cache is None:
+        rows = [_spec_row(j) for j in jobs]
+    else:
+        rows = []
+        for j in jobs:
+            hit = cache.get(j.id)
+            if hit is None or hit[0] != j.spec_text or hit[1] != j.user or hit[2] != j.name:
+                hit = cache[j.id] = (j.spec_text, j.user, j.name, _spec_row(j))
+            rows.append(hit[3])
+        if len(cache) > len(rows):
+            keep = {j.id for j in jobs}
+            for k in [k for k in cache if k not in keep]:
+                del cache[k]
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 13
+    m0 = np.array([_nan(b or first_batch.get(j.id)) for j, b in zip(jobs, cols[3], strict=True)],
+                  dtype=np.float64)
+    floats = [np.array(c, dtype=np.float64) for c in cols[4:4 + len(_SPEC_FLOATS)]]
     return JobSpecs(
-        min_gpus=np.array([int((j.spec or {}).get("min_gpus", 1)) for j in jobs], np.int64),
-        max_gpus=np.array([int((j.spec or {}).get("max_gpus", 1)) for j in jobs], np.int64),
-        step=np.array([int((j.spec or {}).get("step", 1)) for j in jobs], np.int64),
+        min_gpus=np.array(cols[0], np.int64),
+        max_gpus=np.array(cols[1], np.int64),
+        step=np.array(cols[2], np.int64),
         init_batch=m0,
-        max_batch=col("max_batch_size"),
-        max_local_batch=col("max_local_batch_size"),
-        target_samples=col("target_samples"),
-        target_epochs=col("target_epochs"),
-        samples_per_epoch=col("samples_per_epoch"),
-        target_steps=col("target_steps"),
-        target_metric=col("target_metric"),
-        metric_direction=np.array([-1 if g == "min" else 1 for g in goal], np.int64),
+        max_batch=floats[0],
+        max_local_batch=floats[1],
+        target_samples=floats[2],
+        target_epochs=floats[3],
+        samples_per_epoch=floats[4],
+        target_steps=floats[5],
+        target_metric=floats[6],
+        metric_direction=np.array(cols[11], np.int64),
         # The progress format's grad_var is normalised to m0 (adaptdl's convention).
         grad_ref_batch=m0,
-        history_group=np.array([groups.get(group_key(j), -1) for j in jobs], np.int64),
+        history_group=np.array([groups.get(g, -1) for g in cols[12]] if rows else [], np.int64),
     )
 
 
@@ -166,6 +195,7 @@ class EstimatorBook:
         self.state = EstimatorState.empty(0, self.config)
         self.watermark = 0                       # largest progress_samples.id folded in
         self.first_batch: dict[int, float] = {}
+        self.spec_rows: dict[int, tuple] = {}     # `job_specs`'s cache
         self.finished = FinishedKnowledge()
         self._completed_key: tuple | None = None   # (count, sum of ids) last read
         # What the finished jobs give (`_finished_priors`), and what it was built from;
@@ -313,7 +343,7 @@ class EstimatorBook:
         self._learn_finished(s)
         fk = self.finished
         groups = {g: i for i, g in enumerate(sorted(set(fk.group) | {group_key(j) for j in jobs}))}
-        specs = job_specs(jobs, groups, self.first_batch)
+        specs = job_specs(jobs, groups, self.first_batch, self.spec_rows)
         prior = None
         history = None
         if fk.group:

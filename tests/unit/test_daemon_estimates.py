@@ -219,3 +219,35 @@ def test_samples_come_once_each_by_id_range(filled):
     assert book.state.rejected.tolist() == fresh.state.rejected.tolist() == [0, 0]
     assert book.watermark == fresh.watermark
     np.testing.assert_allclose(book.state.progress, fresh.state.progress, rtol=1e-12)
+
+
+def test_job_specs_cache_gives_what_a_fresh_read_gives():
+    """`job_specs` with its per-job cache equals it without, cycle after cycle, while a
+    job's spec text, name or user changes, jobs come and go, and the list is empty."""
+    from dataclasses import fields
+    from types import SimpleNamespace
+
+    from malleable.daemon.estimates import job_specs
+
+    def job(i, spec, name="train", user="alice"):
+        return SimpleNamespace(id=i, spec=spec, spec_text=repr(sorted(spec.items())),
+                               name=name, user=user)
+
+    a = job(1, {"min_gpus": 1, "max_gpus": 8, "batch_size": 64, "target_samples": 1e6})
+    b = job(2, {"min_gpus": 2, "max_gpus": 4, "step": 2, "metric_goal": "min",
+                "target_metric": 0.1, "model": "bert"})
+    c = job(3, {"min_gpus": 1, "max_gpus": 2, "max_batch_size": 512.0})
+    b2 = job(2, {"min_gpus": 2, "max_gpus": 6, "step": 2, "target_epochs": 3,
+                 "samples_per_epoch": 5e4})
+    c2 = job(3, c.spec, name="renamed")
+    groups = {"model:bert": 0, "name:alice/train": 1, "name:alice/renamed": 2}
+    cache: dict = {}
+    for jobs, first in ([a, b], {1: 32.0}), ([a, b, c], {3: 16.0}), ([b2, c2], {}), ([], {}), \
+            ([c2, a], {1: 8.0}):
+        got, want = job_specs(jobs, groups, first, cache), job_specs(jobs, groups, first)
+        for f in fields(want):
+            x, y = getattr(got, f.name), getattr(want, f.name)
+            if isinstance(y, np.ndarray):
+                assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True), f.name
+        assert set(cache) == {j.id for j in jobs}
+    assert cache[3][3][-1] == "name:alice/renamed"
