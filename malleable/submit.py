@@ -22,7 +22,9 @@ does what ``sbatch`` does, plus what the job contract needs (DESIGN.md section 5
 Options it does not know are passed to sbatch as given, so the script is the
 last argument (script arguments are not supported: pass them through the
 environment). GPU requests (``--gres``, ``--gpus*``, ``-G``, ``-N``/``--nodes``)
-are refused: the spec decides the size. Prints the job id. Exit codes: 0
+are refused: the spec decides the size; so are options that would undo the
+contract (``--no-requeue``, an ``--open-mode`` other than append, an
+``--export`` without ALL: `contract_conflict`). Prints the job id. Exit codes: 0
 submitted, 1 Slurm refused or did not answer, 2 bad input (one line naming the
 field and the value, e.g. a bad spec).
 """
@@ -63,6 +65,8 @@ _SPEC_OPTIONS = {
 _SIZE_OPTIONS = re.compile(r"^(-G|-N|--nodes|--gres|--gpus|--gpus-per-node|--gpus-per-task|"
                            r"--gpus-per-socket|--tres-per-node)(=.*)?$|^-[GN].+$")
 _SBATCH_LINE = re.compile(r"^#SBATCH\s+(.*)$")
+# sbatch options that take a value, read by `contract_conflict` (also as two words).
+_VALUED = ("--open-mode", "--export", "--tres-per-task")
 
 
 class SubmitError(Exception):
@@ -127,6 +131,48 @@ def comment_in(words: list[str]) -> str | None:
         elif w == "--comment" and i + 1 < len(words):
             value = words[i + 1]
     return value
+
+
+def contract_conflict(words: list[str]) -> str | None:
+    """Why one of these sbatch option words would undo the job contract, or None.
+
+    sbatch takes the last of an option given twice, and the options given to
+    `malleable submit` come after the ones it adds, so each of these would win:
+    ``--no-requeue`` (a checkpoint-requeue would be refused), ``--open-mode`` other
+    than ``append`` (each requeue would truncate the output), ``--export`` without
+    ``ALL`` (MALLEABLE_SPOOL, MALLEABLE_SIGNAL and MALLEABLE_BATCH_SIZE would not
+    reach the job), and a GPU in ``--tres-per-task`` (the spec sets the GPU request).
+
+    Args:
+        words: the sbatch option words given to `malleable submit`, in order
+            (``--opt=value`` or ``--opt value``).
+
+    Returns:
+        One line naming the option and its value, or None if none conflicts.
+    """
+    i = 0
+    while i < len(words):
+        w = words[i]
+        name, value = w.split("=", 1) if w.startswith("--") and "=" in w else (w, None)
+        if value is None and name in _VALUED and i + 1 < len(words):
+            value = words[i + 1]
+            i += 1
+        shown = f"{name}={value}" if value is not None else name
+        if name == "--no-requeue":
+            return (f"{shown}: a malleable job must be requeueable (malleable submit "
+                    f"adds --requeue: its checkpoint-requeue needs it)")
+        if name == "--open-mode" and value != "append":
+            return (f"{shown}: each requeue would truncate the job's output (malleable "
+                    f"submit adds --open-mode=append)")
+        if name == "--export" and value is not None and \
+                "ALL" not in [v.strip().upper() for v in value.split(",")]:
+            return (f"{shown}: MALLEABLE_SPOOL, MALLEABLE_SIGNAL and MALLEABLE_BATCH_SIZE "
+                    f"would not reach the job (use --export=ALL,NAME=VALUE,...)")
+        if name == "--tres-per-task" and value is not None and "gpu" in value.lower():
+            return (f"{shown}: malleable submit sets the GPU request from the spec "
+                    f"(use --gpus MIN-MAX and --initial-gpus)")
+        i += 1
+    return None
 
 
 def without_comment(words: list[str]) -> list[str]:
@@ -329,6 +375,9 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     if bad:
         _fail(f"{bad}: malleable submit sets the GPU request from the spec "
               f"(use --gpus MIN-MAX and --initial-gpus)", 2)
+    conflict = contract_conflict(passthrough)
+    if conflict:
+        _fail(conflict, 2)
     try:
         directives = script_directives(script)
         script_comment, own_comment = comment_in(directives), comment_in(passthrough)

@@ -81,6 +81,13 @@ def test_initial_shape_whole_nodes_above_one_node():
     ([], "gpus: missing"),
     (["--gpus", "2-4", "--gres=gpu:2"], "--gres=gpu:2: malleable submit sets the GPU request"),
     (["--gpus", "2-4", "-N", "2"], "-N: malleable submit sets the GPU request"),
+    (["--gpus", "2-4", "--no-requeue"], "--no-requeue: a malleable job must be requeueable"),
+    (["--gpus", "2-4", "--open-mode=truncate"], "--open-mode=truncate: each requeue would"),
+    (["--gpus", "2-4", "--open-mode", "truncate"], "--open-mode=truncate: each requeue"),
+    (["--gpus", "2-4", "--export=NONE"], "--export=NONE: MALLEABLE_SPOOL, MALLEABLE_SIGNAL"),
+    (["--gpus", "2-4", "--export", "PATH,HOME"], "--export=PATH,HOME: MALLEABLE_SPOOL"),
+    (["--gpus", "2-4", "--tres-per-task=gres/gpu:1"],
+     "--tres-per-task=gres/gpu:1: malleable submit sets the GPU request"),
     (["--spec", "nonsense"], "--spec 'nonsense': expected key=value fields separated by commas"),
     (["--spec", "gpus=2-4 step=2"], "(cannot read 'step=2')"),
     (["--gpus", "2-8", "--model", "a,b"], "model='a,b': a value cannot be empty or hold ','"),
@@ -177,3 +184,14 @@ def test_a_key_twice_in_the_script_names_the_script(tmp_path):
     r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
     assert r.exit_code == 2
     assert "gpus=4: key given twice (in the script's --comment)" in r.output
+
+
+def test_options_that_keep_the_contract_pass(tmp_path):
+    """--open-mode=append, --export=ALL,... and a CPU-only --tres-per-task go to sbatch."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    result = CliRunner().invoke(main, [
+        "submit", "--dry-run", "--gpus-per-node", "4", "--gpus", "2-8", "--open-mode=append",
+        "--export", "ALL,FOO=1", "--tres-per-task=cpu:2", "--requeue", str(script)])
+    assert result.exit_code == 0, result.output
+    assert "--export ALL,FOO=1" in result.output and "--tres-per-task=cpu:2" in result.output
