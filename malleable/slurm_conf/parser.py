@@ -56,6 +56,18 @@ _INCLUDE = re.compile(r"include\s+(\S+)(.*)$", re.IGNORECASE | re.DOTALL)
 _INDENTED_INCLUDE = re.compile(r"\s+include\s", re.IGNORECASE)
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
+SHOWN_CHARS = 80
+"""How much of a line a finding quotes (a binary file or a runaway line is cut)."""
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted (repr) for a finding, cut to `SHOWN_CHARS` characters of the
+    quoted form with the full length said, so one junk line cannot flood the report."""
+    quoted = repr(text)
+    if len(quoted) <= SHOWN_CHARS:
+        return quoted
+    return f"{quoted[:SHOWN_CHARS]}... ({len(text)} characters)"
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -268,9 +280,10 @@ class _Reader:
         m = _KV.match(line)
         if not m:
             text = line.strip()
-            hint = (f"write it as Key=Value (e.g. {text.split()[0]}=...)" if text.split()
-                    else "write it as Key=Value")
-            self.error(loc, "syntax", f"not a Key=Value statement: {text!r} "
+            first = text.split()[0] if text.split() else ""
+            hint = (f"write it as Key=Value (e.g. {first}=...)"
+                    if first.isprintable() and len(first) <= 40 else "write it as Key=Value")
+            self.error(loc, "syntax", f"not a Key=Value statement: {_shown(text)} "
                        f"(Slurm stops with 'Parse error')", hint)
             return
         key, value, pos = m.group(1), _value(m), m.end()

@@ -194,6 +194,16 @@ def test_syntax_errors_are_findings_with_their_line(tmp_path, text, line, words)
         assert w in f.message + f.fix
 
 
+def test_a_junk_line_is_quoted_cut_short(tmp_path):
+    """A binary file's line (5,000 NULs) is quoted in 80 characters with its length,
+    not whole (from the new-user helper: thousands of \\x00 in one finding)."""
+    conf = parse_conf_text("\x00" * 5000 + "\nfoo\n", str(tmp_path / "slurm.conf"))
+    junk, foo = [f for f in conf.findings if f.check == "syntax"]
+    assert "(5000 characters)" in junk.message and len(junk.message) < 200
+    assert junk.fix == "write it as Key=Value"
+    assert "'foo'" in foo.message and foo.fix == "write it as Key=Value (e.g. foo=...)"
+
+
 def test_line_numbers_after_continued_lines_count_physical_lines(tmp_path):
     conf = parse_conf_text("NodeName=a \\\nCPUs=1 \\\nGres=gpu:1\nBad line\n",
                            str(tmp_path / "slurm.conf"))
