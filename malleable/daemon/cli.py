@@ -1,6 +1,7 @@
 """``malleable daemon``: run the service in the foreground (systemd's ExecStart).
 
-Exit codes: 0 stopped cleanly (SIGTERM) or ``--once`` done; 2 it could not
+Exit codes: 0 stopped cleanly (SIGTERM) or ``--once`` done; 1 ``--once`` could
+not poll Slurm (nothing was decided: for cron, a failed run is seen); 2 it could not
 start: a bad configuration, an unusable database, a schema older or newer than
 this malleable's, another daemon holding the lease, or a ``[metrics] address``
 it cannot listen on, e.g. a port in use (the lease is taken first, so that a

@@ -24,7 +24,8 @@
 Test hook: with ``MALLEABLE_TEST_CRASH_AT`` set, the actuator kills the
 process at the listed points (`malleable.daemon.testhook`); unset, nothing.
 
-``--once`` runs one decide cycle (after the same checks) and exits: for cron
+``--once`` runs one decide cycle (after the same checks) and exits, 1 if Slurm did
+not answer its poll (nothing decided), else 0: for cron
 and tests.
 """
 
@@ -223,7 +224,10 @@ class Service:
                 self.metrics = self.options.metrics_factory()
             self._cluster()
             if self.options.once:
-                self.daemon.decide_cycle()
+                if self.daemon.decide_cycle().slurm_unavailable:
+                    log.error("--once: Slurm did not answer the poll; nothing was decided "
+                              "(exit 1)")
+                    return 1
                 return 0
             self.daemon.poll_cycle()
             self.notifier.ready(f"polling every {self.config.daemon.poll_interval_s:.0f} s")

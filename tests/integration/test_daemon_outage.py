@@ -136,3 +136,24 @@ def test_slurm_outage_is_logged_acted_on_only_after_and_survived(slurm, tmp_path
     log = daemon.text()
     assert "Slurm unavailable" in log and "Traceback" not in log
     db.close()
+
+
+def test_once_exits_1_when_slurm_does_not_answer(tmp_path):
+    """``daemon --once`` against a controller nobody runs (a slurm.conf naming port 1):
+    its poll fails, nothing is decided, and it exits 1, not 0 (a cron job sees it)."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
+                    "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MALLEABLE_TEST_CRASH_AT", "MALLEABLE_CONFIG", "MALLEABLE_DATABASE_URL")}
+    env["SLURM_CONF"] = str(conf)
+    daemon = DaemonProcess(write_config(tmp_path), tmp_path / "daemon.log", env)
+    daemon.start("--once", ready=False)
+    assert daemon.wait_exit(120) == 1, daemon.text()
+    assert "--once: Slurm did not answer the poll; nothing was decided" in daemon.text()
+    st = store_of(tmp_path)
+    try:
+        with st.sessions() as s:
+            assert store.latest_decision(s) is None
+    finally:
+        st.close()
