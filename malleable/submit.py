@@ -369,6 +369,9 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     if offline_gpn is not None and not dry_run:
         _fail("--gpus-per-node: only with --dry-run (a submission reads the cluster's)", 2)
     script, passthrough = args[-1], list(args[:-1])
+    if any(w == "--wrap" or w.startswith("--wrap=") for w in args):
+        _fail("--wrap: malleable submit needs a batch script file as its last argument "
+              "(write the command into a script)", 2)
     if script.startswith("-"):
         _fail(f"{script}: the batch script must be the last argument", 2)
     bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w)), None)
@@ -387,6 +390,10 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
         config = load_config(config_path)
     except (SubmitError, SpecError, ConfigError) as exc:
         _fail(str(exc), 2)
+    if spec.target_epochs is not None and spec.samples_per_epoch is None:
+        click.echo(f"malleable submit: warning: target_epochs={spec.target_epochs} without "
+                   f"samples_per_epoch: the epochs cannot be turned into samples, so this "
+                   f"target is not used (give --samples-per-epoch)", err=True)
     try:
         if offline_gpn is None:
             client = connect(config.slurm)

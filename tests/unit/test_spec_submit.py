@@ -81,6 +81,7 @@ def test_initial_shape_whole_nodes_above_one_node():
     ([], "gpus: missing"),
     (["--gpus", "2-4", "--gres=gpu:2"], "--gres=gpu:2: malleable submit sets the GPU request"),
     (["--gpus", "2-4", "-N", "2"], "-N: malleable submit sets the GPU request"),
+    (["--gpus", "2-4", "--wrap"], "--wrap: malleable submit needs a batch script file"),
     (["--gpus", "2-4", "--no-requeue"], "--no-requeue: a malleable job must be requeueable"),
     (["--gpus", "2-4", "--open-mode=truncate"], "--open-mode=truncate: each requeue would"),
     (["--gpus", "2-4", "--open-mode", "truncate"], "--open-mode=truncate: each requeue"),
@@ -195,3 +196,14 @@ def test_options_that_keep_the_contract_pass(tmp_path):
         "--export", "ALL,FOO=1", "--tres-per-task=cpu:2", "--requeue", str(script)])
     assert result.exit_code == 0, result.output
     assert "--export ALL,FOO=1" in result.output and "--tres-per-task=cpu:2" in result.output
+
+
+def test_target_epochs_without_samples_per_epoch_is_warned(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    args = ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus", "2-8", "--target-epochs", "3"]
+    result = CliRunner().invoke(main, [*args, str(script)])
+    assert result.exit_code == 0
+    assert "warning: target_epochs=3 without samples_per_epoch" in result.stderr
+    result = CliRunner().invoke(main, [*args, "--samples-per-epoch", "50000", str(script)])
+    assert result.exit_code == 0 and "warning" not in result.stderr
