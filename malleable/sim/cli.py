@@ -108,7 +108,10 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
               help="Jobs declare their true total work [default: optimus only].")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="TOML with daemon settings ([daemon], [policy], ...) for every run; "
-                   "its [policy] params are those of its [policy] name (default: default).")
+                   "its [policy] params are those of its [policy] name (default: default). "
+                   "Without it every run uses the defaults: $MALLEABLE_CONFIG and "
+                   "/etc/malleable/malleable.toml are not read, so a simulation does not "
+                   "depend on this machine's daemon settings.")
 @click.option("--max-time", "max_time_h", type=FiniteFloat(min=0, min_open=True),
               default=2880.0, show_default=True, metavar="HOURS",
               help="Stop a run at this simulated time (default 120 days: a bound, not a "
