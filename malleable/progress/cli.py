@@ -9,13 +9,18 @@ A shell, Julia or C++ job calls it between training steps::
 
 Each call appends one line to the job's progress file exactly as
 `malleable.progress.reporter.Reporter` does (same environment variables, same
-format). ``--batch`` is remembered from the last line of the file, so it need
-only be given once; ``checkpointed`` and ``finished`` default to the last
-line's step and samples. ``progress`` refuses a ``--step`` below that of the
-last line of the same run, which the daemon would reject as ``decreasing_step``
-(only the file's last 64 KiB are read for all this). Exit codes: 0 written, 1
-the line could not be written (the reason is printed), 2 bad input (one line
-naming the option; nothing is written).
+format, made by `Reporter.format_line`). ``--batch`` is remembered from the last
+accepted line of the file, so it need only be given once; ``checkpointed`` and
+``finished`` default to that line's step and samples ("accepted": as the daemon's
+`LineValidator` judges the file, so a line it rejects sets no default). Before it
+is written, the line is checked as the daemon will check it, by that validator
+fed the file's last 64 KiB: a line it would reject (a value out of range, longer
+than 4096 bytes, a step or samples below this run's last accepted line, a restart
+count below one already in the file) is refused. Only the line's time ``t`` is
+not judged (``future_time``): the job's node has its own clock. Exit codes: 0
+written, 1 the line could not be written (the reason is printed), 2 bad input or
+a line the daemon would reject (one line naming the option, its value and the
+reason; nothing is written).
 """
 
 from __future__ import annotations
@@ -32,13 +37,14 @@ from malleable.progress.lines import (
     LineValidator,
     ProgressRecord,
     Reason,
-    check_order,
-    parse_line,
+    Rejection,
     split_lines,
 )
 from malleable.progress.reporter import (
     ENV_BATCH,
     ENV_SPOOL,
+    MAX_INT,
+    MAX_LINE_BYTES,
     Reporter,
     job_id_from_env,
 )
@@ -81,46 +87,42 @@ def read_tail(path: str) -> bytes:
     return data
 
 
-def last_record(tail: bytes, job_id: str) -> ProgressRecord | None:
-    """The last valid line of ``job_id`` in ``tail`` (`read_tail`).
+def replay(tail: bytes, job_id: str) -> tuple[LineValidator, ProgressRecord | None]:
+    """The daemon's view of a job's file once ``tail`` (`read_tail`) is ingested.
+
+    The lines of ``tail`` go through the daemon's own `LineValidator` in order, as
+    ingestion will feed them once this call's line is appended: the complete
+    lines, then a partial last line (the reporter ends it with a newline before
+    its own line, so ingestion reads it as a line of its own; a torn fragment is
+    rejected and changes nothing). ``t`` is not checked against a clock.
 
     Args:
         tail: the end of the job's progress file.
-        job_id: the job whose file it is (a line naming another job is not valid).
+        job_id: the job whose file it is (a line naming another job is rejected).
 
     Returns:
-        The `ProgressRecord` of the last line `parse_line` accepts (a partial last
-        line included, if it parses), or None if there is none. Never raises.
-    """
-    for line in reversed(tail.split(b"\n")):
-        if line.strip():
-            rec = parse_line(line, now=math.inf, max_future_s=0, job_id=job_id)
-            if isinstance(rec, ProgressRecord):
-                return rec
-    return None
-
-
-def run_cursor(tail: bytes, job_id: str) -> Cursor | None:
-    """The ordering state the daemon holds after reading ``tail`` (`read_tail`).
-
-    The complete lines of ``tail`` go through the daemon's own `LineValidator`
-    in order, as ingestion feeds them (a partial last line is not read yet, and
-    ``t`` is not checked against a clock), so the result is the (restart, step,
-    samples) of the last line ingestion accepts: a ``started`` line or a higher
-    ``restart`` resets it, an out-of-order line leaves it as it was.
-
-    Args:
-        tail: the end of the job's progress file.
-        job_id: the job whose file it is.
-
-    Returns:
-        The `Cursor`, or None if no complete line of ``tail`` is valid. Never raises.
+        (the validator, ready for this call's line: its ``last`` `Cursor` is the
+        (restart, step, samples) of the last accepted line, or None; the
+        `ProgressRecord` of that line, or None). A ``started`` line or a higher
+        ``restart`` resets the cursor; a rejected line leaves it as it was.
+        Never raises.
     """
     validator = LineValidator(job_id, max_future_s=0)
-    lines, _partial = split_lines(tail)
+    lines, partial = split_lines(tail)
+    if partial.strip():
+        lines.append(partial)
+    last = None
     for line in lines:
-        validator.feed(line, now=math.inf)
-    return validator.last
+        result = validator.feed(line, now=math.inf)
+        if isinstance(result, ProgressRecord):
+            last = result
+    return validator, last
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error line: as is, or its start and length if long."""
+    text = str(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -130,7 +132,25 @@ def fail(message: str, code: int = 2) -> None:
 
 
 class _Context:
+    """One ``malleable report`` call: the job's `Reporter` and the daemon's view of its file.
+
+    Attributes:
+        reporter: the reporter of this job (never installs a signal handler).
+        job_given: the job id came from ``--job`` (not from Slurm's variables).
+        validator: the daemon's `LineValidator` after the file's tail (`replay`).
+        last: the last line of the tail the daemon accepts (None if none).
+    """
+
     def __init__(self, job: str | None, spool: str | None, batch: int | None):
+        """Find the job, its file and its batch size.
+
+        ``batch`` is, in this order: the ``--batch`` given, ``$MALLEABLE_BATCH_SIZE``,
+        the batch of the last accepted line.
+
+        Raises:
+            SystemExit(2): no job id, a bad id or environment value, or no batch
+                size known (one line on stderr).
+        """
         env = os.environ
         job_id = job or job_id_from_env(env)
         if not job_id:
@@ -143,57 +163,102 @@ class _Context:
                                               spool_dir=spool_dir, install_handler=False)
         except ValueError as exc:
             fail(str(exc))
-        self.tail = read_tail(self.reporter.path)
-        last = last_record(self.tail, self.reporter.job_id)
-        self.last = last
-        if batch is None and not env.get(ENV_BATCH, "").strip() and last is not None:
-            batch = last.batch
+        self.job_given = bool(job)
+        self.validator, self.last = replay(read_tail(self.reporter.path), self.reporter.job_id)
+        if batch is None and not env.get(ENV_BATCH, "").strip() and self.last is not None:
+            batch = self.last.batch
         if batch is not None:
             self.reporter.batch_size = batch
         if self.reporter.batch_size is None:
             fail(f"--batch: the global batch size is not known yet (give --batch or set "
                  f"{ENV_BATCH})")
-        if last is not None:
-            self.reporter.step, self.reporter.samples = last.step, last.samples
 
-    def refuse_decreasing_step(self, event: str, step: int, samples: int) -> None:
-        """Exit 2, writing nothing, if the daemon would reject this line as ``decreasing_step``.
+    def write(self, event: str, *, step: int | None = None, samples: int | None = None,
+              metric: float | None = None, grad_sqr: float | None = None,
+              grad_var: float | None = None, path: str | None = None) -> None:
+        """Append this call's line, unless the daemon would reject it.
 
-        The line the reporter is about to write (this ``event``, ``step`` and
-        ``samples``, the reporter's restart count) is checked with the daemon's own
-        `check_order` against `run_cursor` of the file's tail: a ``step`` below the
-        last accepted line of the same run (same ``restart``, no ``started`` line
-        since) is refused; an equal step, a higher ``restart``, a ``started`` event,
-        or a missing, empty or unreadable file pass.
+        The line is the one the reporter writes (`Reporter.format_line`), and it
+        is judged by `validator`, as ingestion will judge it after the file's
+        tail: its own validity (`parse_line`) and its order (`check_order`: a
+        step or samples below this run's last accepted line, a restart count
+        below one already seen). ``t`` is not judged (the node's clock is its own).
+
+        Args:
+            event: the event.
+            step, samples: the counts; None: those of the last accepted line (0
+                without one).
+            metric, grad_sqr, grad_var: finite floats, or None.
+            path: the absolute checkpoint path (``checkpointed``).
 
         Raises:
-            SystemExit(2): the step decreases (one line on stderr names ``--step``,
-                both steps and the file).
+            SystemExit(2): the daemon would reject the line; nothing is written and
+                one line on stderr names the option(s), the value(s) and the reason.
+            SystemExit(1): the line could not be written (the reporter printed why).
         """
-        cursor = run_cursor(self.tail, self.reporter.job_id)
-        rep = self.reporter
-        line = ProgressRecord(t=0.0, job=rep.job_id, event=event, step=step, samples=samples,
-                              gpus=rep.gpus, nodes=rep.nodes, batch=rep.batch_size,
-                              restart=rep.restart_count)
-        rejection = check_order(line, cursor)
-        if cursor is not None and rejection is not None \
-                and rejection.reason is Reason.DECREASING_STEP:
-            fail(f"--step={step}: below step {cursor.step} of this run's last line in "
-                 f"{rep.path} (the daemon would reject it as {Reason.DECREASING_STEP.value})")
-
-    def done(self) -> None:
-        if self.reporter.dropped:
+        rep, cursor = self.reporter, self.validator.last
+        step = (cursor.step if cursor else 0) if step is None else step
+        samples = (cursor.samples if cursor else 0) if samples is None else samples
+        line = rep.format_line(event, step, samples, metric=metric, grad_sqr=grad_sqr,
+                               grad_var=grad_var, path=path)
+        result = self.validator.feed(line, now=math.inf)
+        if isinstance(result, Rejection):
+            fail(self._explain(result, cursor, len(line), step=step, samples=samples,
+                               metric=metric, grad_sqr=grad_sqr, grad_var=grad_var,
+                               path=path))
+        if not rep.append_line(line):
             sys.exit(1)
+
+    def _explain(self, rejection: Rejection, cursor: Cursor | None, size: int, *, step: int,
+                 samples: int, metric: float | None, grad_sqr: float | None,
+                 grad_var: float | None, path: str | None) -> str:
+        """The error line for a line the daemon would reject: option=value: why (reason)."""
+        rep, reason = self.reporter, rejection.reason
+        why = f"(the daemon would reject it as {reason.value})"
+        if cursor is not None and reason is Reason.DECREASING_STEP:
+            return (f"--step={step}: below step {cursor.step} of this run's last line in "
+                    f"{rep.path} {why}")
+        if cursor is not None and reason is Reason.DECREASING_SAMPLES:
+            return (f"--samples={samples}: below samples {cursor.samples} of this run's last "
+                    f"line in {rep.path} {why}")
+        if cursor is not None and reason is Reason.STALE_RESTART:
+            return (f"SLURM_RESTART_COUNT={rep.restart_count}: below restart {cursor.restart} "
+                    f"of a line already in {rep.path} {why}")
+        job = "--job" if self.job_given else "the job id"
+        if reason is Reason.TOO_LONG:
+            label, value = max((("PATH", path or ""), (job, rep.job_id)),
+                               key=lambda item: len(item[1]))
+            return (f"{label}={_shown(value)}: the line would be {size} bytes, more than "
+                    f"{MAX_LINE_BYTES} {why}")
+        sources: dict[str, tuple[str, object]] = {
+            "step": ("--step", step), "samples": ("--samples", samples),
+            "batch": ("--batch", rep.batch_size), "job": (job, rep.job_id),
+            "path": ("PATH", path), "metric": ("--metric", metric),
+            "grad_sqr": ("--grad-sqr", grad_sqr), "grad_var": ("--grad-var", grad_var),
+            "restart": ("SLURM_RESTART_COUNT", rep.restart_count),
+            "gpus": ("the GPU count", rep.gpus), "nodes": ("SLURM_JOB_NUM_NODES", rep.nodes)}
+        field = rejection.detail.partition("=")[0]
+        if field in sources:
+            label, value = sources[field]
+            if isinstance(value, int) and value > MAX_INT:
+                problem = f"above {MAX_INT} (2**63 - 1), the largest integer a line may hold"
+            elif reason is Reason.NAN_OR_INF:
+                problem = "not a finite number"
+            else:
+                problem = "not a value a progress line may hold"
+            return f"{label}={_shown(value)}: {problem} {why}"
+        return f"the line would be rejected by the daemon as {reason.value} ({rejection.detail})"
 
 
 _common = [
     click.option("--job", "job", metavar="ID",
-                 help="Job id (default: from SLURM_ARRAY_JOB_ID_TASK or SLURM_JOB_ID)."),
+                 help="Job id (default: ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID} in an "
+                      "array task, else $SLURM_JOB_ID)."),
     click.option("--spool", "spool", metavar="DIR",
                  help=f"Spool directory (default: ${ENV_SPOOL} or the system spool)."),
     click.option("--batch", "batch", type=click.IntRange(min=1), metavar="N",
-                 help="Global batch size (default: the last line's, or "
-                      f"${ENV_BATCH})."),
+                 help=f"Global batch size (default: ${ENV_BATCH}, else the last "
+                      "accepted line's)."),
 ]
 
 
@@ -212,6 +277,9 @@ def report() -> None:
 
     The file and format are those of the Python reporter
     (docs/progress-format.md): <spool>/<job id>.jsonl, one JSON object a line.
+    A line the daemon would reject (a value out of range, too long, a step or
+    samples below this run's last accepted line, ...) is refused: exit 2, nothing
+    written.
     """
 
 
@@ -223,9 +291,7 @@ def report() -> None:
               help="Samples processed at that step.")
 def started(job, spool, batch, step, samples) -> None:
     """The job (re)started, at --step/--samples (from its checkpoint)."""
-    ctx = _Context(job, spool, batch)
-    ctx.reporter.started(step, samples)
-    ctx.done()
+    _Context(job, spool, batch).write("started", step=step, samples=samples)
 
 
 def _finite(name: str):
@@ -243,43 +309,43 @@ def _finite(name: str):
 @click.option("--metric", type=float, callback=_finite("--metric"),
               help="Current metric (loss, accuracy, ...).")
 @click.option("--grad-sqr", type=float, callback=_finite("--grad-sqr"),
-              help="Squared norm of the mean gradient.")
+              help="Estimate of the squared norm of the true gradient, |G|^2.")
 @click.option("--grad-var", type=float, callback=_finite("--grad-var"),
-              help="Variance of the per-sample gradients.")
+              help="Trace of the covariance of the gradient estimate, normalised to "
+                   "the initial batch size m0 (the spec's batch): the noise scale is "
+                   "phi = m0 * grad_var / grad_sqr.")
 def progress(job, spool, batch, step, samples, metric, grad_sqr, grad_var) -> None:
     """A progress line at --step/--samples.
 
-    --step may not go below the step of this run's last line (same restart count,
-    no `started` since): the daemon would reject the line, so it is refused (exit 2).
+    --step and --samples may not go below those of this run's last accepted line
+    (same restart count, no `started` since): the daemon would reject the line, so
+    it is refused (exit 2).
     """
-    ctx = _Context(job, spool, batch)
-    ctx.refuse_decreasing_step("progress", step, samples)
-    ctx.reporter.log(step, samples, metric=metric, grad_sqr=grad_sqr, grad_var=grad_var)
-    ctx.done()
+    _Context(job, spool, batch).write("progress", step=step, samples=samples, metric=metric,
+                                      grad_sqr=grad_sqr, grad_var=grad_var)
 
 
 @report.command("checkpointed")
 @common
 @click.argument("path")
-@click.option("--step", type=_nonneg, help="The checkpoint's step (default: the last line's).")
+@click.option("--step", type=_nonneg,
+              help="The checkpoint's step (default: the last accepted line's).")
 @click.option("--samples", type=_nonneg,
-              help="The checkpoint's samples (default: the last line's).")
+              help="The checkpoint's samples (default: the last accepted line's).")
 def checkpointed(job, spool, batch, path, step, samples) -> None:
     """A checkpoint was written completely to PATH."""
     ctx = _Context(job, spool, batch)
     if not path or "\x00" in path:
         fail(f"PATH={path!r}: expected a file path")
-    ctx.reporter.checkpointed(os.path.abspath(path), step=step, samples=samples)
-    ctx.done()
+    ctx.write("checkpointed", step=step, samples=samples, path=os.path.abspath(path))
 
 
 @report.command("finished")
 @common
-@click.option("--step", type=_nonneg, help="Final step (default: the last line's).")
-@click.option("--samples", type=_nonneg, help="Final samples (default: the last line's).")
+@click.option("--step", type=_nonneg, help="Final step (default: the last accepted line's).")
+@click.option("--samples", type=_nonneg,
+              help="Final samples (default: the last accepted line's).")
 def finished(job, spool, batch, step, samples) -> None:
     """The job reached its target and ends."""
-    ctx = _Context(job, spool, batch)
-    ctx.reporter.finished(step=step, samples=samples)
-    ctx.done()
+    _Context(job, spool, batch).write("finished", step=step, samples=samples)
 

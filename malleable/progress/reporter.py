@@ -40,6 +40,7 @@ import errno
 import hashlib
 import json
 import math
+import operator
 import os
 import signal as _signal
 import stat
@@ -177,6 +178,21 @@ class Plan:
 
 def _is_int(v: object, lo: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= MAX_INT
+
+
+def _integral(v: object) -> int | None:
+    """``v`` as an int if it is integral (int, numpy or torch integer, via ``__index__``).
+
+    Returns:
+        The exact int, or None for a bool (Python's, numpy's or a torch bool tensor),
+        a float, a string or anything else without ``__index__``.
+    """
+    if isinstance(v, bool) or str(getattr(v, "dtype", "")) in ("bool", "torch.bool"):
+        return None
+    try:
+        return operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def parse_plan(data: bytes, job_id: str) -> Plan:
@@ -388,7 +404,7 @@ class Reporter:
         self.step = 0
         self.samples = 0
         self.dropped = 0
-        self._line_ended = False   # the file is known to end in a newline (see `_append`)
+        self._line_ended = False   # the file is known to end in a newline (`append_line`)
         self._clock = clock
         self._requested = threading.Event()
         self._warned: set[str] = set()
@@ -539,8 +555,11 @@ class Reporter:
         Args:
             step: cumulative training iterations (>= 0), across restarts.
             samples: cumulative training samples processed (>= 0), across restarts.
+                Both may be any integral number: an int, or a numpy or torch integer
+                (anything with ``__index__``); the line holds the plain int.
             metric: the current training or validation metric (e.g. loss, accuracy).
-            batch_size: the global batch size now (remembered for later lines).
+            batch_size: the global batch size now (remembered for later lines; integral,
+                as step).
             grad_sqr, grad_var: gradient statistics, if computed: an estimate of the
                 squared norm of the true gradient, and the trace of the gradient
                 estimate's covariance normalised to the initial batch m0 (AdaptDL's
@@ -548,8 +567,10 @@ class Reporter:
                 Non-finite floats are left out of the line, with one warning.
 
         Raises:
-            ValueError, TypeError: a negative or non-integer step/samples, or no
-                batch size known yet.
+            TypeError: a step/samples that is not integral (a float, even 10.0, a
+                bool, a string).
+            ValueError: a negative step/samples or one above 2**63 - 1, or no batch
+                size known yet.
         """
         self._write("progress", step, samples, batch_size=batch_size, metric=metric,
                     grad_sqr=grad_sqr, grad_var=grad_var)
@@ -577,30 +598,76 @@ class Reporter:
 
     @staticmethod
     def _check_batch(batch_size: object) -> int:
-        if not _is_int(batch_size, 1):
+        value = _integral(batch_size)
+        if value is None or not 1 <= value <= MAX_INT:
             raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
-        return batch_size  # type: ignore[return-value]
+        return value
 
-    def _write(self, event: str, step: int, samples: int, *, batch_size: int | None = None,
-               metric: float | None = None, grad_sqr: float | None = None,
-               grad_var: float | None = None, path: str | None = None) -> None:
-        for name, v in (("step", step), ("samples", samples)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"{name}={v!r}: expected an int")
-            if v < 0:
-                raise ValueError(f"{name}={v!r}: expected an integer >= 0")
-            if v > MAX_INT:
-                raise ValueError(f"{name}={v!r}: too large; expected an integer <= {MAX_INT} "
-                                 "(2**63 - 1)")
+    @staticmethod
+    def _check_count(name: str, v: object) -> int:
+        """``v`` (a step or samples count) as an int in [0, 2**63 - 1].
+
+        Any integral object is accepted (int, numpy or torch integer: ``__index__``).
+
+        Raises:
+            TypeError: a bool, float, string or other non-integral object.
+            ValueError: negative, or above 2**63 - 1.
+        """
+        value = _integral(v)
+        if value is None:
+            raise TypeError(f"{name}={v!r}: expected an int")
+        if value < 0:
+            raise ValueError(f"{name}={v!r}: expected an integer >= 0")
+        if value > MAX_INT:
+            raise ValueError(f"{name}={v!r}: too large; expected an integer <= {MAX_INT} "
+                             "(2**63 - 1)")
+        return value
+
+    def format_line(self, event: str, step: int, samples: int, *, metric: float | None = None,
+                    grad_sqr: float | None = None, grad_var: float | None = None,
+                    path: str | None = None) -> bytes:
+        """The line this reporter writes for these values, stamped with its clock now.
+
+        Nothing is checked here (`started`, `log`, `checkpointed` and `finished`
+        check their arguments first; ``malleable report`` hands the line to the
+        daemon's validator instead), so the result may be a line the daemon
+        rejects: too long, a step above 2**63 - 1, no batch size (``null``), ...
+
+        Args:
+            event: one of `EVENTS`.
+            step, samples: the counts, as ints.
+            metric, grad_sqr, grad_var: finite floats, or None to leave the key out.
+            path: the checkpoint path (``checkpointed``), or None.
+
+        Returns:
+            The UTF-8 JSON object and its newline, keys in the documented order.
+
+        Raises:
+            ValueError: a non-finite float. TypeError: a value JSON cannot hold.
+        """
+        record: dict[str, object] = {
+            "v": FORMAT_VERSION, "t": float(self._clock()), "job": self.job_id,
+            "event": event, "step": step, "samples": samples, "gpus": self.gpus,
+            "nodes": self.nodes, "batch": self.batch_size, "restart": self.restart_count}
+        for name, v in (("metric", metric), ("grad_sqr", grad_sqr), ("grad_var", grad_var)):
+            if v is not None:
+                record[name] = v
+        if path is not None:
+            record["path"] = path
+        return (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+    def _write(self, event: str, step: object, samples: object, *,
+               batch_size: int | None = None, metric: float | None = None,
+               grad_sqr: float | None = None, grad_var: float | None = None,
+               path: str | None = None) -> None:
+        step = self._check_count("step", step)
+        samples = self._check_count("samples", samples)
         if batch_size is not None:
             self.batch_size = self._check_batch(batch_size)
         if self.batch_size is None:
             raise ValueError("batch_size: unknown; pass batch_size= to Reporter.from_env, "
                              "started() or log(), or set MALLEABLE_BATCH_SIZE")
-        record: dict[str, object] = {
-            "v": FORMAT_VERSION, "t": float(self._clock()), "job": self.job_id,
-            "event": event, "step": step, "samples": samples, "gpus": self.gpus,
-            "nodes": self.nodes, "batch": self.batch_size, "restart": self.restart_count}
+        stats: dict[str, float] = {}
         for name, v in (("metric", metric), ("grad_sqr", grad_sqr), ("grad_var", grad_var)):
             if v is None:
                 continue
@@ -612,23 +679,27 @@ class Reporter:
             if not math.isfinite(v):
                 self._warn(f"nan-{name}", f"{name}={v}: not finite, left out of the line")
                 continue
-            record[name] = float(v)
-        if path is not None:
-            record["path"] = path
-        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+            stats[name] = float(v)
+        line = self.format_line(event, step, samples, path=path, **stats)
         if len(line) > MAX_LINE_BYTES:
             raise ValueError(f"progress line of {len(line)} bytes exceeds {MAX_LINE_BYTES} "
                              f"(is the checkpoint path that long?)")
-        if self._append(line):
+        if self.append_line(line):
             self.step, self.samples = step, samples
 
-    def _append(self, line: bytes) -> bool:
-        """Append one line (bytes ending in a newline) to the progress file. On this
-        reporter's first write, and after a short write, a file that does not end in
-        a newline (a line torn by a writer killed mid-write, e.g. before a requeue) is
-        ended first, so the torn fragment is rejected alone and this line is read
-        whole. (A writer appending at the same moment can make that a blank line,
-        which readers skip.) False, warned once per kind: not written."""
+    def append_line(self, line: bytes) -> bool:
+        """Append one line (bytes ending in a newline, as `format_line` makes) to the
+        progress file, as it is. On this reporter's first write, and after a short
+        write, a file that does not end in a newline (a line torn by a writer killed
+        mid-write, e.g. before a requeue) is ended first, so the torn fragment is
+        rejected alone and this line is read whole. (A writer appending at the same
+        moment can make that a blank line, which readers skip.)
+
+        Returns:
+            True if written. False if not (the file cannot be opened or written, or
+            is not a regular file of this user's): counted in `dropped`, and warned
+            once per kind on stderr. Never raises.
+        """
         # O_RDWR: the last byte is read (pread) to see whether the file ends a line.
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,141 @@ def test_a_torn_last_line_or_an_empty_file_is_tolerated(tmp_path):
     assert res.exit_code == 2 and "below step 120 " in res.stderr
     assert path.read_bytes() == line(120) + torn
     assert progress_at(130, env).exit_code == 0
+
+
+# --- every subcommand's line is judged as the daemon judges it ------------------------------
+
+def session_env(tmp_path) -> dict:
+    return {"SLURM_JOB_ID": "8", "SLURM_ARRAY_JOB_ID": "", "SLURM_GPUS_ON_NODE": "2",
+            "SLURM_RESTART_COUNT": "", "MALLEABLE_SPOOL": str(tmp_path),
+            "MALLEABLE_BATCH_SIZE": ""}
+
+
+def ingested(path: Path, job: str) -> list[tuple[str, int, int] | str]:
+    """Each line as ingestion takes it: (event, step, samples), or its rejection reason."""
+    v = LineValidator(job)
+    return [(r.event, r.step, r.samples) if isinstance(r, ProgressRecord) else r.reason.value
+            for r in (v.feed(x, 2e9) for x in path.read_bytes().splitlines())]
+
+
+def refused(res, message: str) -> None:
+    """Exit 2 with exactly one line, ``malleable report: error: <message>``, on stderr."""
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.exception
+    assert res.stdout == ""
+    assert res.stderr.splitlines() == [f"malleable report: error: {message}"]
+
+
+def test_the_testers_session_fewer_samples_are_refused_by_every_subcommand(tmp_path):
+    """The new-user tester's session: samples going back were written with exit 0 by
+    progress, checkpointed and finished, and the daemon rejected them all."""
+    env, path = session_env(tmp_path), tmp_path / "8.jsonl"
+    assert run(["started", "--batch", "64"], env).exit_code == 0
+    assert run(["progress", "--step", "10", "--samples", "640"], env).exit_code == 0
+    before = path.read_bytes()
+    why = f"of this run's last line in {path} (the daemon would reject it as decreasing_samples)"
+    refused(run(["progress", "--step", "20", "--samples", "100"], env),
+            f"--samples=100: below samples 640 {why}")
+    refused(run(["checkpointed", "/x.pt", "--samples", "100"], env),
+            f"--samples=100: below samples 640 {why}")
+    refused(run(["finished", "--samples", "5"], env), f"--samples=5: below samples 640 {why}")
+    refused(run(["finished", "--step", "9"], env),
+            f"--step=9: below step 10 of this run's last line in {path} (the daemon would "
+            f"reject it as decreasing_step)")
+    assert path.read_bytes() == before
+    assert run(["checkpointed", "/x.pt"], env).exit_code == 0
+    assert run(["finished"], env).exit_code == 0
+    assert ingested(path, "8") == [("started", 0, 0), ("progress", 10, 640),
+                                   ("checkpointed", 10, 640), ("finished", 10, 640)]
+
+
+def test_defaults_come_from_the_last_accepted_line_not_the_last_line(tmp_path):
+    """A line the daemon rejects (written by hand, or by an older malleable) sets no
+    default: checkpointed and finished take the step and samples of the last line
+    ingestion accepts (before, the rejected line's, so they were rejected too)."""
+    env, path = session_env(tmp_path), tmp_path / "8.jsonl"
+    assert run(["started", "--batch", "64"], env).exit_code == 0
+    assert run(["progress", "--step", "10", "--samples", "640"], env).exit_code == 0
+    bad = json.loads(path.read_text().splitlines()[-1]) | {"step": 20, "samples": 100}
+    with path.open("a") as fh:
+        fh.write(json.dumps(bad) + "\n")
+    assert ingested(path, "8")[-1] == "decreasing_samples"
+    assert run(["checkpointed", "/x.pt"], env).exit_code == 0
+    assert run(["finished"], env).exit_code == 0
+    got = read(path)
+    assert [(g["event"], g["step"], g["samples"], g["batch"]) for g in got[-2:]] == [
+        ("checkpointed", 10, 640, 64), ("finished", 10, 640, 64)]
+    assert ingested(path, "8")[-2:] == [("checkpointed", 10, 640), ("finished", 10, 640)]
+
+
+def test_a_value_out_of_the_formats_range_is_refused(tmp_path):
+    env, path = session_env(tmp_path), tmp_path / "8.jsonl"
+    big = "99999999999999999999"
+    limit = "above 9223372036854775807 (2**63 - 1), the largest integer a line may hold"
+    refused(run(["started", "--batch", big], env),
+            f"--batch={big}: {limit} (the daemon would reject it as bad_value)")
+    assert not path.exists()
+    assert run(["started", "--batch", "64"], env).exit_code == 0
+    before = path.read_bytes()
+    refused(run(["finished", "--samples", big], env),
+            f"--samples={big}: {limit} (the daemon would reject it as bad_value)")
+    refused(run(["progress", "--step", "1", "--samples", "1", "--batch", "8", "--job", "j" * 70],
+                env),
+            f"--job={'j' * 40}... (70 characters): not a value a progress line may hold "
+            f"(the daemon would reject it as bad_value)")
+    assert path.read_bytes() == before
+
+
+def test_a_huge_step_or_a_long_path_is_one_error_line_not_a_traceback(tmp_path):
+    """Both raised ValueError from the reporter (a traceback, exit 1)."""
+    env, path = session_env(tmp_path), tmp_path / "8.jsonl"
+    assert run(["started", "--batch", "64"], env).exit_code == 0
+    before = path.read_bytes()
+    huge = "99999999999999999999999"
+    refused(run(["progress", "--step", huge, "--samples", "100"], env),
+            f"--step={huge}: above 9223372036854775807 (2**63 - 1), the largest integer a "
+            f"line may hold (the daemon would reject it as bad_value)")
+    long_path = "/" + "a" * 5000
+    res = run(["checkpointed", long_path], env)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.exception
+    (error,) = res.stderr.splitlines()
+    assert re.fullmatch(rf"malleable report: error: PATH=/{'a' * 39}\.\.\. \(5001 characters\): "
+                        r"the line would be 51\d\d bytes, more than 4096 \(the daemon would "
+                        r"reject it as too_long\)", error), error
+    assert path.read_bytes() == before
+
+
+def test_a_restart_count_below_the_files_is_refused(tmp_path):
+    """A run that ended in the file (restart 2) cannot be followed by restart 0."""
+    env, path = session_env(tmp_path), tmp_path / "8.jsonl"
+    assert run(["started", "--batch", "64"], env | {"SLURM_RESTART_COUNT": "2"}).exit_code == 0
+    before = path.read_bytes()
+    for args in (["started"], ["progress", "--step", "5", "--samples", "320"],
+                 ["checkpointed", "/x.pt"], ["finished"]):
+        refused(run(args, env), f"SLURM_RESTART_COUNT=0: below restart 2 of a line already "
+                                f"in {path} (the daemon would reject it as stale_restart)")
+    assert path.read_bytes() == before
+
+
+def test_a_clock_ahead_of_the_daemons_is_not_refused(tmp_path, monkeypatch):
+    """future_time depends on the daemon's clock, not the node's: never judged here."""
+    from malleable.progress.reporter import Reporter
+    from_env = Reporter.from_env.__func__
+    monkeypatch.setattr(Reporter, "from_env", classmethod(
+        lambda cls, *a, **kw: from_env(cls, *a, **(kw | {"clock": lambda: 4e9}))))
+    env, path = session_env(tmp_path), tmp_path / "8.jsonl"
+    assert run(["started", "--batch", "64"], env).exit_code == 0
+    assert run(["progress", "--step", "1", "--samples", "64"], env).exit_code == 0
+    assert [g["t"] for g in read(path)] == [4e9, 4e9]
+    assert ingested(path, "8") == ["future_time", "future_time"]   # the daemon at t=2e9
+
+
+def test_a_last_line_without_its_newline_is_judged_as_the_line_it_becomes(tmp_path):
+    """The reporter ends an unterminated last line before its own, so ingestion reads
+    that line too: a whole line missing only its newline counts for the order."""
+    env, path = step_env(tmp_path), tmp_path / "40.jsonl"
+    path.write_bytes(line(120).rstrip(b"\n"))
+    res = progress_at(90, env)
+    assert res.exit_code == 2 and "below step 120 " in res.stderr
+    assert path.read_bytes() == line(120).rstrip(b"\n")
+    assert progress_at(130, env).exit_code == 0
+    assert ingested_steps(path) == [120, 130]

@@ -114,6 +114,50 @@ def test_bad_arguments_raise_and_nan_metrics_are_left_out(tmp_path, capsys):
     assert "not finite" in capsys.readouterr().err
 
 
+def test_numpy_and_other_integral_counts_are_written_as_plain_ints(tmp_path):
+    """np.int64 (what a numpy or torch training loop holds) raised TypeError; any
+    object with __index__ is an integer now, and the line is the same as for an int.
+    Floats (even 10.0), bools and strings are still refused."""
+    import numpy as np
+
+    class Steps:
+        def __index__(self) -> int:
+            return 40
+
+    class BoolTensor:                   # torch.tensor(True): __index__ gives 1
+        dtype = "torch.bool"
+
+        def __index__(self) -> int:
+            return 1
+
+    def written(tmp: Path, *calls) -> bytes:
+        rep = Reporter("9", tmp, install_handler=False, clock=lambda: 100.0)
+        for step, samples, batch in calls:
+            rep.log(step, samples, batch_size=batch, metric=0.5)
+        rep.checkpointed(tmp / "ck")
+        return Path(rep.path).read_bytes()
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ints = written(tmp_path / "a", (30, 960, 32), (40, 1280, 32))
+    numpy = written(tmp_path / "b", (np.int64(30), np.int64(960), np.int64(32)),
+                    (Steps(), np.uint32(1280), None))
+    assert numpy.replace(str(tmp_path / "b").encode(), b"") == \
+        ints.replace(str(tmp_path / "a").encode(), b"")
+    assert [(x["step"], x["samples"], x["batch"]) for x in lines(tmp_path / "b" / "9.jsonl")] \
+        == [(30, 960, 32), (40, 1280, 32), (40, 1280, 32)]
+    rep = Reporter("9", tmp_path, batch_size=8, install_handler=False)
+    for value in (1.5, 10.0, True, "10", np.float64(10.0), np.True_, np.array([3]),
+                  BoolTensor()):
+        with pytest.raises(TypeError, match=r"step=.*: expected an int"):
+            rep.log(value, 8)
+    with pytest.raises(ValueError, match=r"samples=np.int64\(-1\): expected an integer >= 0"):
+        rep.log(1, np.int64(-1))
+    with pytest.raises(ValueError, match="batch_size"):
+        rep.log(1, 8, batch_size=np.float64(8.0))
+    assert not (tmp_path / "9.jsonl").exists()
+
+
 def test_signal_sets_checkpoint_requested_and_chains(tmp_path):
     seen = []
     old = signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
