@@ -1,8 +1,12 @@
 """``malleable simulate``: replay traces through the decision loop, several runs in parallel.
 
-Exit codes: 0 every run finished writing its outputs; 1 a run failed; 2 bad
-input (a missing or malformed trace, an unknown policy, a bad option or
-configuration), with one line on stderr naming it.
+Exit codes: 0 every run finished writing its outputs; 1 a run failed (or the
+comparison of a sweep's runs could not be written); 2 bad input (a missing or
+malformed trace, an unknown policy, a bad option or configuration, no valid run
+to compare), with one line on stderr naming it. Notes (``note:`` lines on
+stderr) say what the command did about input it accepts: skipped run folders,
+runs of different settings compared together, replaced runs, jobs the cluster
+cannot hold, CPU-only jobs, arrivals after --max-time.
 """
 
 from __future__ import annotations
@@ -39,16 +43,24 @@ def _expand(paths: list[str]) -> list[str]:
             if not found:
                 raise _fail(f"--workload {p}: directory holds no trace file")
             out.extend(found)
-        elif not path.is_file():
-            raise _fail(f"--workload {p}: no such file")
         else:
+            from malleable.sim.workloads import trace_file_problem
+
+            problem = trace_file_problem(path)
+            if problem:
+                raise _fail(f"--workload {p}: {problem}")
             out.append(str(path))
     return out
 
 
 def _seeds(values: tuple[str, ...]) -> list[int]:
+    items = [v.strip() for value in values for v in value.split(",")]
+    if "" in items:
+        given = ",".join(values)
+        raise _fail(f"--seed {given!r}: an empty seed between commas" if any(items) else
+                    f"--seed {given!r}: give at least one seed (N[,N...])")
     out = []
-    for v in _split(values):
+    for v in items:
         try:
             seed = int(v)
         except ValueError:
@@ -59,7 +71,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
             raise _fail(f"--seed {v!r}: given twice (each seed is one run per workload "
                         "and policy)")
         out.append(seed)
-    return out or [0]
+    return out
 
 
 @click.command("simulate")
@@ -148,11 +160,18 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
             raise _fail(f"--compare-only rebuilds the comparison of the runs already in "
                         f"--out; it runs nothing, so {', '.join(ignored)} would be ignored: "
                         f"drop {'it' if len(ignored) == 1 else 'them'} or --compare-only")
-        runs = sweep.collect(out)
+        notes: list[str] = []
+        runs = sweep.collect(out, notes)
+        _notes(notes)
+        skipped = sum(1 for n in notes if n.endswith(sweep.SKIPPED))
         if not runs:
-            raise _fail(f"--out {out_dir}: no run (*/*/seed*/summary.json) to compare")
-        path = sweep.write_comparison(runs, out)
-        click.echo(f"{len(runs)} run(s) compared: {path}")
+            raise _fail(f"--out {out_dir}: no run (*/*/seed*/summary.json) to compare"
+                        if not skipped else
+                        f"--out {out_dir}: no valid run to compare ({skipped} run folder(s) "
+                        "skipped: see the notes above)")
+        path = _compare(runs, out, out_dir)
+        click.echo(f"{len(runs)} run(s) compared: {path}" + (
+            f" ({skipped} run folder(s) skipped: see the notes)" if skipped else ""))
         return
     paths = _expand(_split(workloads))
     if not paths:
@@ -199,6 +218,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
              for w, n in zip(paths, names, strict=True) for p in pols for s in seed_list]
     sizes = _validate(specs)
     _check_out(out_dir)
+    _notes(sweep.replaced_runs(specs))
     if slurm_array:
         common = _common_args(policy_params, nodes, gpus_per_node, interval, restart_cost, fmt, load_scale,
                               window_days, map_models, job_setup, oracle_work, config_path,
@@ -245,11 +265,35 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     for r in results:
         click.echo(_summary_line(r["summary"], r["wall_s"]))
     if not no_comparison:
-        runs = sweep.collect(out)
-        path = sweep.write_comparison(runs, out)
+        notes = []
+        runs = sweep.collect(out, notes)
+        _notes(notes)
+        path = _compare(runs, out, out_dir, code=1)   # the runs were written
         others = len(runs) - len(results)
+        skipped = sum(1 for n in notes if n.endswith(sweep.SKIPPED))
         click.echo(f"comparison: {path}" + (f" (with {others} earlier run(s) found in "
-                                             f"{out_dir})" if others > 0 else ""))
+                                             f"{out_dir})" if others > 0 else "")
+                   + (f" ({skipped} run folder(s) skipped: see the notes)" if skipped else ""))
+
+
+def _notes(lines) -> None:
+    for line in lines:
+        click.echo(f"malleable simulate: note: {line}", err=True)
+
+
+def _compare(runs: list[dict], out: Path, out_dir: str, code: int = 2) -> Path:
+    """Write the comparison of ``runs`` and note the settings they differ in; if it
+    cannot be written, one error line and exit ``code``."""
+    from malleable.sim import sweep
+
+    try:
+        path = sweep.write_comparison(runs, out)
+    except OSError as exc:
+        click.echo(f"malleable simulate: error: --out {out_dir}: cannot write the "
+                   f"comparison ({exc.strerror or exc})", err=True)
+        raise click.exceptions.Exit(code) from None
+    _notes(sweep.mixed_settings_notes(sweep.mixed_settings(runs)))
+    return path
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -372,6 +416,15 @@ def _validate(specs) -> list[int]:
                 click.echo(f"malleable simulate: note: --workload {s.workload}: {big} job(s) "
                            f"ask for more GPUs than the cluster's {total}; they run on "
                            f"{total} (jobs.csv keeps their request)", err=True)
+            cpu = sum(1 for j in jobs if j.gpus == 0)
+            if cpu and (s.workload, "cpu") not in noted:
+                noted.add((s.workload, "cpu"))
+                click.echo(f"malleable simulate: note: --workload {s.workload}: {cpu} of "
+                           f"{len(jobs)} job(s) request 0 GPUs (CPU-only); they are "
+                           f"simulated as rigid jobs that hold no GPU (the simulated cluster "
+                           f"has GPUs only), start on arrival and run for their recorded time; "
+                           f"they count in the job counts, JCT, wait, makespan and fairness "
+                           f"metrics and add nothing to gpu_utilization", err=True)
             late = sum(1 for j in jobs if j.arrival_s > s.max_time_s)
             if late and (s.workload, "late") not in noted:
                 noted.add((s.workload, "late"))

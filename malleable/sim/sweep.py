@@ -9,18 +9,23 @@
                                       plots/jct_cdf.png, gpus_per_job.png, utilization.png
 
 `run_sweep` runs many with `concurrent.futures.ProcessPoolExecutor`, reporting
-progress (jobs ended over all runs) to a callback; `write_comparison` writes
-``<out>/comparison.json`` (per run, and the mean per policy over workloads and
-seeds) and ``<out>/jct_cdf.png`` (one curve per policy, all runs' jobs), plus
-one CDF per workload. `write_slurm_array` writes an sbatch job-array script
-that runs the same sweep on a cluster, one array task per run, and a second
-script that builds the comparison once the array has finished.
+progress (jobs ended over all runs) to a callback; `collect` reads the run folders
+found under ``<out>`` (skipping, with a note, one that is not what `write_run`
+writes: `read_run`); `write_comparison` writes ``<out>/comparison.json`` (per
+run, the mean per policy over workloads and seeds, and the settings in which the
+runs differ: `mixed_settings`) and ``<out>/jct_cdf.png`` (one curve per policy,
+all runs' jobs), plus one CDF per workload. `replaced_runs` says which run
+folders a sweep would overwrite that hold a run of other settings.
+`write_slurm_array` writes an sbatch job-array script that runs the same sweep on
+a cluster, one array task per run, and a second script that builds the comparison
+once the array has finished.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shlex
 import sys
@@ -37,6 +42,8 @@ from malleable.sim.metrics import write_jobs_csv, write_summary
 from malleable.sim.workloads import load_workload
 
 SUMMARY = "summary.json"
+#: How `collect`'s note on a skipped run folder ends.
+SKIPPED = ": run folder skipped (not compared)"
 
 
 @dataclass(frozen=True)
@@ -191,8 +198,12 @@ def _run_summary(spec: RunSpec, result: SimResult) -> dict:
     return {**spec.metadata(), **result.summary}
 
 
+_PLOTS = ("jct_cdf.png", "gpus_per_job.png", "utilization.png")
+
+
 def write_run(spec: RunSpec, result: SimResult) -> Path:
-    """Write summary.json, jobs.csv, timing.json and the plots of one run."""
+    """Write summary.json, jobs.csv, timing.json and the plots of one run (replacing
+    those of an earlier run in its folder: a plot this run does not draw is removed)."""
     d = spec.run_dir
     d.mkdir(parents=True, exist_ok=True)
     total = spec.nodes * spec.gpus_per_node
@@ -206,10 +217,12 @@ def write_run(spec: RunSpec, result: SimResult) -> Path:
               "cycle_wall_s": {k: round(v, 3) for k, v in sorted(c.wall_s.items())}}
     (d / "timing.json").write_text(json.dumps(timing, indent=2, sort_keys=True) + "\n",
                                    encoding="utf-8")
+    pd = d / "plots"
+    for name in _PLOTS:   # an earlier run's plots in this folder are not this run's
+        (pd / name).unlink(missing_ok=True)
     if spec.plots:
         from malleable.sim import plots
 
-        pd = d / "plots"
         pd.mkdir(exist_ok=True)
         jcts = [o.jct_s for o in result.outcomes if o.jct_s is not None]
         if jcts:
@@ -327,24 +340,269 @@ def _drain(queue, progress) -> None:
 # ----------------------------------------------------------------------------- comparison
 
 
-def collect(out_dir: str | Path) -> list[dict]:
-    """Every run under ``out_dir``: its summary.json, the JCTs of its jobs.csv and the
-    wall time of its timing.json (None if absent)."""
-    import csv
+def collect(out_dir: str | Path, notes: list[str] | None = None) -> list[dict]:
+    """Every valid run under ``out_dir``: its summary.json, the JCTs of its jobs.csv and
+    the wall time of its timing.json (None if absent).
+
+    A run folder whose summary.json or jobs.csv is unreadable or not what `write_run`
+    writes (`read_run` says what is checked) is skipped, and a bad timing.json is
+    ignored (wall time None); each with a one-line note naming the file and what is
+    wrong, appended to ``notes`` (logged as a warning when ``notes`` is None).
+    """
+    import logging
+
+    def note(text: str) -> None:
+        if notes is None:
+            logging.getLogger(__name__).warning("%s", text)
+        else:
+            notes.append(text)
 
     runs = []
     for path in sorted(Path(out_dir).glob(f"*/*/seed*/{SUMMARY}")):
-        summary = json.loads(path.read_text(encoding="utf-8"))
-        jcts = []
-        jobs_csv = path.parent / "jobs.csv"
-        if jobs_csv.exists():
-            with jobs_csv.open(newline="", encoding="utf-8") as fh:
-                jcts = [float(r["jct_s"]) for r in csv.DictReader(fh) if r["jct_s"]]
+        try:
+            run = read_run(path)
+        except RunFolderError as exc:
+            note(f"{exc}{SKIPPED}")
+            continue
         timing = path.parent / "timing.json"
-        wall = json.loads(timing.read_text(encoding="utf-8")).get("wall_s") \
-            if timing.exists() else None
-        runs.append({"summary": summary, "jcts": jcts, "wall_s": wall})
+        if timing.exists():
+            try:
+                wall = _read_json(timing)
+                wall = wall.get("wall_s") if isinstance(wall, dict) else None
+                if not _number(wall):
+                    raise RunFolderError(timing, "no wall_s number")
+                run["wall_s"] = float(wall)
+            except RunFolderError as exc:
+                note(f"{exc}: wall time unknown (the run is compared)")
+        runs.append(run)
     return runs
+
+
+class RunFolderError(ValueError):
+    """A run folder's file is unreadable or not what `write_run` writes; the message
+    names the file (and line), the field and value where there is one, and what is
+    wrong.
+
+    Attributes: path (with ``:line`` where there is one), problem (the rest).
+    """
+
+    def __init__(self, path: str | Path, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+def _read_json(path: Path) -> object:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RunFolderError(path, "not UTF-8 text") from None
+    except OSError as exc:
+        raise RunFolderError(path, f"cannot read ({exc.strerror or exc})") from None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:   # also a number too long, nesting too deep
+        msg = f"{exc.msg} at line {exc.lineno} column {exc.colno}" \
+            if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise RunFolderError(path, f"not valid JSON ({msg})") from None
+
+
+def _number(v: object) -> bool:
+    """A finite JSON number (not a boolean)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def check_summary(summary: object, path: Path) -> dict:
+    """``summary`` (summary.json at ``path``, in ``<workload>/<policy>/seed<N>/``) if it
+    has what the comparison reads: ``workload`` and ``policy`` non-empty strings naming
+    its folders, ``seed`` an integer >= 0 naming its folder, ``jobs`` and
+    ``jobs_finished`` integers >= 0 (finished <= jobs), ``all_finished`` a boolean,
+    each compared metric absent, null or a finite number, and no NaN or infinity in
+    the settings compared between runs (`RUN_SETTINGS`, ``policy_params``).
+
+    Raises:
+        RunFolderError: naming the file, the field and its value.
+    """
+    if not isinstance(summary, dict):
+        raise RunFolderError(path, f"expected a JSON object, got {type(summary).__name__}")
+
+    def bad(key: str, problem: str) -> RunFolderError:
+        shown = json.dumps(summary[key]) if key in summary else "missing"
+        return RunFolderError(path, f"field {key}={shown[:60]}: {problem}")
+
+    for key in ("workload", "policy"):
+        if not isinstance(summary.get(key), str) or not summary[key]:
+            raise bad(key, "expected a non-empty string")
+    for key in ("seed", "jobs", "jobs_finished"):
+        if not _count(summary.get(key)):
+            raise bad(key, "expected an integer >= 0")
+    if summary["jobs_finished"] > summary["jobs"]:
+        raise bad("jobs_finished", f"more than jobs ({summary['jobs']})")
+    if not isinstance(summary.get("all_finished"), bool):
+        raise bad("all_finished", "expected true or false")
+    for key in _COMPARED:
+        v = summary.get(key)
+        if v is not None and not _number(v):
+            raise bad(key, "expected a finite number or null")
+    for key in (*RUN_SETTINGS, "policy_params"):   # compared between runs (mixed_settings)
+        try:
+            json.dumps(summary.get(key), allow_nan=False)
+        except ValueError:
+            raise bad(key, "holds a number that is not finite") from None
+    folder = (path.parent.parent.parent.name, path.parent.parent.name, path.parent.name)
+    said = (summary["workload"], summary["policy"], f"seed{summary['seed']}")
+    if folder != said:
+        raise RunFolderError(path, f"it is the run {'/'.join(said)}, not that of its "
+                             f"folder {'/'.join(folder)} (a copied or renamed run folder)")
+    return summary
+
+
+def read_run(path: str | Path) -> dict:
+    """One run folder from its summary.json ``path``: ``{"summary", "jcts", "wall_s"}``
+    (wall_s None: `collect` reads timing.json). The summary is checked
+    (`check_summary`); jobs.csv, if present, must have a ``jct_s`` column whose
+    cells are empty (unfinished) or finite numbers.
+
+    Raises:
+        RunFolderError: naming the file and what is wrong.
+    """
+    import csv
+
+    path = Path(path)
+    summary = check_summary(_read_json(path), path)
+    jcts: list[float] = []
+    jobs_csv = path.parent / "jobs.csv"
+    if jobs_csv.exists():
+        try:
+            with jobs_csv.open(newline="", encoding="utf-8") as fh:
+                reader = csv.DictReader(fh)
+                if "jct_s" not in (reader.fieldnames or []):
+                    raise RunFolderError(f"{jobs_csv}:1", "no jct_s column")
+                for row in reader:
+                    raw = row.get("jct_s")
+                    if raw == "":
+                        continue
+                    try:
+                        v = float(raw)  # type: ignore[arg-type]
+                        if not math.isfinite(v):
+                            raise ValueError
+                    except (TypeError, ValueError):
+                        raise RunFolderError(f"{jobs_csv}:{reader.line_num}",
+                                             f"field jct_s={raw!r}: not a finite number") from None
+                    jcts.append(v)
+        except UnicodeDecodeError:
+            raise RunFolderError(jobs_csv, "not UTF-8 text") from None
+        except csv.Error as exc:
+            raise RunFolderError(jobs_csv, f"not a CSV file ({exc})") from None
+        except OSError as exc:
+            raise RunFolderError(jobs_csv, f"cannot read ({exc.strerror or exc})") from None
+    return {"summary": summary, "jcts": jcts, "wall_s": None}
+
+
+#: What a run was (summary.json, `RunSpec.metadata`) that must be the same for runs
+#: compared together: the cluster, the decide interval, the restart cost, the load, the
+#: job setup and window, and every daemon setting under ``settings``. A policy's
+#: ``policy_params`` must be the same over that policy's runs.
+RUN_SETTINGS = ("nodes", "gpus_per_node", "interval_s", "restart_cost_s", "load_scale",
+                "job_setup", "window_days", "settings")
+
+_UNRECORDED = "(not recorded)"
+
+
+def run_settings(summary: dict) -> dict[str, str]:
+    """A run's `RUN_SETTINGS` and ``policy_params`` from its summary, each as its JSON
+    text (``settings`` one entry per daemon setting, ``settings.<name>``); a setting the
+    summary lacks is ``"(not recorded)"``."""
+    out = {}
+    for key in (*RUN_SETTINGS, "policy_params"):
+        v = summary.get(key, _UNRECORDED)
+        if key == "settings" and isinstance(v, dict):
+            out.update({f"settings.{k}": json.dumps(x, sort_keys=True) for k, x in v.items()})
+        else:
+            out[key] = v if v is _UNRECORDED else json.dumps(v, sort_keys=True)
+    return out
+
+
+def _run_id(summary: dict) -> str:
+    return f"{summary['workload']}/{summary['policy']}/seed{summary['seed']}"
+
+
+def mixed_settings(runs: Sequence[dict]) -> list[dict]:
+    """The settings (`run_settings`) in which runs compared together differ: one entry
+    per setting, ``{"setting", "policy" (None, or the policy whose runs differ in
+    policy_params), "values": [{"value": the setting's value or "(not recorded)",
+    "runs": [<workload>/<policy>/seed<N>, ...]}, ...]}`` (the most common value first),
+    sorted by setting; [] when every run agrees."""
+    groups: dict[tuple[str, str | None], dict[str, list[str]]] = {}
+    per = [(r["summary"], run_settings(r["summary"])) for r in runs]
+    keys = sorted({k for _, s in per for k in s})
+    for s, settings in per:
+        for k in keys:
+            pol = s["policy"] if k == "policy_params" else None
+            groups.setdefault((k, pol), {}).setdefault(settings.get(k, _UNRECORDED),
+                                                      []).append(_run_id(s))
+    out = []
+    for (k, pol), values in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        if len(values) > 1:
+            out.append({"setting": k, "policy": pol,
+                        "values": [{"value": v if v == _UNRECORDED else json.loads(v),
+                                    "runs": sorted(ids)}
+                                   for v, ids in sorted(values.items(),
+                                                        key=lambda kv: (-len(kv[1]), kv[0]))]})
+    return out
+
+
+def _some(ids: Sequence[str], most: int = 3) -> str:
+    shown = ", ".join(ids[:most])
+    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+def _text(value: object) -> str:
+    return value if value == _UNRECORDED else json.dumps(value, sort_keys=True)
+
+
+def mixed_settings_notes(mixed: Sequence[dict]) -> list[str]:
+    """One line per `mixed_settings` entry, naming the setting and its values."""
+    lines = []
+    for m in mixed:
+        whose = f"runs of policy {m['policy']}" if m["policy"] else "runs"
+        vals = "; ".join(f"{_text(v['value'])} ({len(v['runs'])} run(s): {_some(v['runs'])})"
+                         for v in m["values"])
+        lines.append(f"comparison.json mixes {whose} made with different {m['setting']}: "
+                     f"{vals}")
+    return lines
+
+
+def replaced_runs(specs: Sequence[RunSpec]) -> list[str]:
+    """Notes on the run folders that ``specs`` will overwrite which hold a run made with
+    other settings (`run_settings`) or an unusable one: one line per kind of
+    difference, naming the folders (at most 3, then how many more).
+
+    Raises:
+        malleable.config.ConfigError, ValueError: as `RunSpec.metadata`.
+    """
+    found: dict[str, list[str]] = {}
+    for spec in specs:
+        path = spec.run_dir / SUMMARY
+        if not path.exists():
+            continue
+        rid = f"{spec.name}/{spec.policy}/seed{spec.seed}"
+        try:
+            old = run_settings(check_summary(_read_json(path), path))
+        except RunFolderError as exc:
+            found.setdefault(f"whose {SUMMARY} is unusable ({exc.problem})", []).append(rid)
+            continue
+        new = run_settings(spec.metadata())
+        diff = [f"{k}={old.get(k, _UNRECORDED)} (now {v})" for k, v in sorted(new.items())
+                if old.get(k, _UNRECORDED) != v]
+        if diff:
+            found.setdefault(f"made with other settings: {', '.join(diff)}", []).append(rid)
+    return [f"--out {specs[0].out_dir}: this sweep replaces {_some(ids)} ({len(ids)} run "
+            f"folder(s)), {what}" for what, ids in found.items()]
 
 
 _COMPARED = ("avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "gpu_utilization",
@@ -353,6 +611,10 @@ _COMPARED = ("avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "gpu_utiliz
 
 def write_comparison(runs: Sequence[dict], out_dir: str | Path) -> Path:
     """``comparison.json`` and the JCT CDF plots (see the module docstring).
+
+    ``runs`` as `collect` returns them (checked by `read_run`). comparison.json also
+    has ``mixed_settings`` (`mixed_settings`) and ``warnings`` (one line per mixed
+    setting, `mixed_settings_notes`).
 
     Returns:
         The path of comparison.json.
@@ -380,11 +642,15 @@ def write_comparison(runs: Sequence[dict], out_dir: str | Path) -> Path:
         for k in _COMPARED:
             vals = [float(r[k]) for r in rows if r.get(k) is not None]
             means[pol][f"mean_{k}"] = round(sum(vals) / len(vals), 3) if vals else None
+    mixed = mixed_settings(runs)
     doc = {"runs": per_run, "by_policy": means,
+           "mixed_settings": mixed, "warnings": mixed_settings_notes(mixed),
            "note": "mean_* are means over runs (workloads x seeds) of each run's metric "
                    "(null: no run has it); a run that stopped at --max-time "
                    "(incomplete_runs, all_finished false) has metrics over its finished "
-                   "jobs only"}
+                   "jobs only; mixed_settings lists the settings (cluster, interval, "
+                   "restart cost, daemon settings, a policy's params) in which the runs "
+                   "compared differ, with the runs of each value ([]: none)"}
     path = out / "comparison.json"
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if any(jcts_all.values()):

@@ -448,8 +448,8 @@ def load_swf(path: str | Path) -> tuple[list[TraceJob], int]:
 
 # ----------------------------------------------------------------------------- sacct
 
-_TRES_GPU = re.compile(r"(?:^|,)gres/gpu(?::[^=,]+)?=([0-9]+)")
-_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:([0-9]+)")
+_TRES_GPU = re.compile(r"(?:^|,)(gres/gpu(?::[^=,]+)?=([^,]*))")
+_GRES_GPU = re.compile(r"(?:^|,)(gpu(?::[^,(]*)?)(?=[,(]|$)")
 _ELAPSED = re.compile(r"^(?:(?P<d>[0-9]+)-)?(?:(?P<h>[0-9]+):)?(?P<m>[0-9]+):(?P<s>[0-9]+(?:\.[0-9]+)?)$")
 _UNSET_TIMES = {"", "Unknown", "None", "N/A"}
 
@@ -462,17 +462,37 @@ def _elapsed(path: Path, line: int, field: str, raw: str) -> float:
             + float(m["s"]))
 
 
-def _sacct_gpus(row: dict[str, str]) -> int:
-    """GPUs from AllocTRES/ReqTRES ("gres/gpu=4"), else AllocGRES/ReqGRES ("gpu:4"), else 0."""
+def _sacct_gpus(path: Path, line: int, row: dict[str, str]) -> int:
+    """GPUs from AllocTRES/ReqTRES ("gres/gpu=4"), else AllocGRES/ReqGRES ("gpu:4",
+    "gpu:a100:4(IDX:0-3)"), else 0. Every GPU entry of these fields is checked, even
+    one not used: a count that is not an integer >= 0 (or a GRES entry without one)
+    is a malformed row."""
+    counts: dict[str, int] = {}
     for field in ("AllocTRES", "ReqTRES"):
-        m = _TRES_GPU.search(row.get(field) or "")
-        if m:
-            return int(m.group(1))
+        raw = row.get(field) or ""
+        for m in _TRES_GPU.finditer(raw):
+            n = _gpu_count(m.group(2))
+            if n is None:
+                raise TraceError(path, line, field, raw, f"the gres/gpu count {m.group(2)!r} "
+                                 "is not an integer >= 0")
+            counts.setdefault(field, n)
     for field in ("AllocGRES", "ReqGRES"):
-        m = _GRES_GPU.search(row.get(field) or "")
-        if m:
-            return int(m.group(1))
+        raw = row.get(field) or ""
+        for m in _GRES_GPU.finditer(raw):
+            count = m.group(1).split(":")[-1] if ":" in m.group(1) else ""
+            n = _gpu_count(count)
+            if n is None:
+                raise TraceError(path, line, field, raw, f"{m.group(1)!r} has no GPU count "
+                                 "(expected gpu[:type]:N, N an integer >= 0)")
+            counts.setdefault(field, n)
+    for field in ("AllocTRES", "ReqTRES", "AllocGRES", "ReqGRES"):
+        if field in counts:
+            return counts[field]
     return 0
+
+
+def _gpu_count(text: str) -> int | None:
+    return int(text) if re.fullmatch(r"[0-9]+", text.strip()) else None
 
 
 def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
@@ -530,7 +550,7 @@ def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
                         nodes = _int(path, line, f, row[f].strip(), lo=0)
                         break
                 jobs.append(TraceJob(name=jid, arrival_s=submit.timestamp(),
-                                     gpus=_sacct_gpus(row), duration_s=duration,
+                                     gpus=_sacct_gpus(path, line, row), duration_s=duration,
                                      nodes=nodes, group=row.get("Partition", "").strip()))
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
@@ -550,16 +570,30 @@ def _json_number(path: Path, where: str, field: str, raw: Any) -> float | None:
     return float(raw)
 
 
-def _json_gpus(entries: Any) -> int | None:
-    if not isinstance(entries, list):
+def _json_gpus(path: Path, field: str, entries: Any) -> int | None:
+    """The count of the first ``gres`` ``gpu`` entry of a sacct --json TRES list
+    (None: no list, or no GPU entry in it).
+
+    Raises:
+        TraceError: not a list, an entry not an object, or a GPU count that is not
+            an integer >= 0.
+    """
+    if entries is None:
         return None
-    for e in entries:
-        if isinstance(e, dict) and e.get("type") == "gres" and \
-                str(e.get("name", "")).split(":")[0] == "gpu":
+    if not isinstance(entries, list):
+        raise TraceError(path, 0, field, entries, "expected a list of TRES entries")
+    found = None
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise TraceError(path, 0, f"{field}[{i}]", e, "not an object")
+        if e.get("type") == "gres" and str(e.get("name", "")).split(":")[0] == "gpu":
             count = e.get("count")
-            if isinstance(count, int) and count >= 0:
-                return count
-    return None
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise TraceError(path, 0, f"{field}[{i}].count", count,
+                                 "the GPU count is not an integer >= 0")
+            if found is None:
+                found = count
+    return found
 
 
 def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
@@ -609,9 +643,12 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         if duration is None or duration < 0:
             raise TraceError(path, 0, f"{where}.time.elapsed", elapsed, "negative or unset")
         tres = rec.get("tres") or {}
-        gpus = _json_gpus(tres.get("allocated")) if isinstance(tres, dict) else None
-        if gpus is None and isinstance(tres, dict):
-            gpus = _json_gpus(tres.get("requested"))
+        if not isinstance(tres, dict):
+            raise TraceError(path, 0, f"{where}.tres", tres, "expected an object")
+        gpus = _json_gpus(path, f"{where}.tres.allocated", tres.get("allocated"))
+        requested = _json_gpus(path, f"{where}.tres.requested", tres.get("requested"))
+        if gpus is None:
+            gpus = requested
         nodes_raw = rec.get("allocation_nodes")
         nodes = None
         if nodes_raw is not None:
@@ -653,11 +690,13 @@ def load_sacct(path: str | Path) -> tuple[list[TraceJob], int]:
     * ``sacct --json`` (``{"jobs": [...]}``; 22.05 plain numbers and 23.02+
       ``{"set", "infinite", "number"}`` objects both accepted): submission, start,
       end and elapsed from ``time``, GPUs from ``tres.allocated`` (else
-      ``tres.requested``) ``gres/gpu`` entries, nodes from ``allocation_nodes``.
+      ``tres.requested``) ``gres/gpu`` entries (a count that is not an integer
+      >= 0 is refused), nodes from ``allocation_nodes``.
     * ``sacct -P`` (or ``-p``) text with a header line, e.g. ``sacct -a -X -P
       --format=JobID,JobName,Partition,Submit,Start,End,Elapsed,NNodes,AllocTRES``:
       needs JobID, Submit and Elapsed (or Start and End); GPUs from
-      AllocTRES/ReqTRES ``gres/gpu=N`` (else AllocGRES/ReqGRES ``gpu:N``, else 0);
+      AllocTRES/ReqTRES ``gres/gpu=N`` (else AllocGRES/ReqGRES ``gpu[:type]:N``,
+      else 0; a GPU count that is not an integer >= 0 is a malformed row);
       job steps (``123.batch``) are ignored.
     * The NREL Eagle sample's sacct-derived CSV (``job_id,...,gpus_req,...,
       submit_time,start_time,end_time,run_time,...``).

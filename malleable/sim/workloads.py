@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -98,6 +100,26 @@ def detect_format(path: str | Path) -> str:
                      "num_gpus,...), a Gavel trace (seed,vc,line_no,...), SWF (*.swf), or "
                      "a sacct export (--json, -P text, the Eagle CSV); or name one with "
                      "--format")
+
+
+def trace_file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be a trace file: "no such file", "is a directory", "not a
+    regular file (a character device ...)" (/dev/null, a pipe: the loaders read a
+    trace more than once), "cannot read it (...)"; None for a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read it ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
+            if stat.S_ISBLK(mode) else "a named pipe" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    return f"not a regular file ({kind}); give a trace file"
 
 
 def workload_name(path: str | Path) -> str:
@@ -242,13 +264,17 @@ def load_workload(path: str | Path, fmt: str = "auto", *, seed: int = 0, load_sc
         gpu_time_classes: map SWF/sacct GPU jobs to models (`map_models`).
 
     Raises:
-        TraceError: a missing or unreadable file, or a malformed row.
+        TraceError: a missing, unreadable, empty or not regular file (`trace_file_problem`),
+            or a malformed row.
         ValueError: an unknown format, a bad scale or window, or a job that cannot
             be mapped.
     """
     p = Path(path)
-    if not p.is_file():
-        raise TraceError(p, 0, "", None, "no such file")
+    problem = trace_file_problem(p)
+    if problem:
+        raise TraceError(p, 0, "", None, problem)
+    if p.stat().st_size == 0:
+        raise TraceError(p, 0, "", None, "empty file (no header, no job)")
     fmt = detect_format(p) if fmt == "auto" else fmt
     if fmt == "pollux":
         jobs = load_pollux_workload(p)

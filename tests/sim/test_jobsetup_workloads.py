@@ -4,6 +4,7 @@ model mapping, load scaling and the busiest window that fits a cluster."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from malleable.sim.workloads import (
     load_workload,
     map_models,
     scale_load,
+    trace_file_problem,
     unique_names,
 )
 from malleable.slurm.records import SubmitRequest
@@ -101,6 +103,17 @@ def test_formats_are_detected_from_the_real_files():
         load_workload("/nonexistent.csv")
 
 
+def test_a_trace_that_is_not_a_regular_file_is_named_as_such(tmp_path):
+    assert trace_file_problem(tmp_path / "none.csv") == "no such file"
+    assert trace_file_problem(tmp_path) == "is a directory"
+    with pytest.raises(TraceError, match=r"^/dev/null: not a regular file \(a character "
+                                         r"device\); give a trace file$"):
+        load_workload("/dev/null")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert trace_file_problem(fifo) == "not a regular file (a named pipe); give a trace file"
+
+
 def test_an_unknown_or_empty_trace_names_the_formats(tmp_path):
     other = tmp_path / "dist.csv"
     other.write_text("duration_s,num_gpus\r\n10,1\r\n")   # not a trace (CRLF too)
@@ -109,8 +122,14 @@ def test_an_unknown_or_empty_trace_names_the_formats(tmp_path):
         detect_format(other)
     empty = tmp_path / "empty.csv"
     empty.write_text("")
-    with pytest.raises(TraceError, match="empty first line: no trace format to recognise"):
+    with pytest.raises(TraceError, match="empty.csv: empty file"):
         load_workload(empty)
+    with pytest.raises(TraceError, match="empty.csv: empty file"):
+        load_workload(empty, "pollux")
+    blank = tmp_path / "blank.csv"
+    blank.write_text("\n")
+    with pytest.raises(TraceError, match="empty first line: no trace format to recognise"):
+        load_workload(blank)
     for first, fmt in [('{"jobs": []}', "sacct"), ("JobID|Submit|", "sacct"),
                        ("job_id,user,submit_time", "sacct")]:
         f = tmp_path / "s.txt"

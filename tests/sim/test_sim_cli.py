@@ -94,6 +94,23 @@ def test_site_history_with_rigid_and_cpu_only_jobs(tmp_path, map_models):
     rows = (out / "history" / "default" / "seed0" / "jobs.csv").read_text().splitlines()
     cpu = next(r.split(",") for r in rows if r.startswith("102,"))
     assert float(cpu[7]) == 630.0 and cpu[3] == "0"   # jct_s, gpus_requested
+    # The CPU-only job is noted: how many of how many, and what the simulator does.
+    assert (f"--workload {hist}: 1 of 3 job(s) request 0 GPUs (CPU-only); they are simulated "
+            "as rigid jobs that hold no GPU") in " ".join(res.stderr.split())
+    assert "add nothing to gpu_utilization" in res.stderr
+
+
+EAGLE = Path("/work/shared/data/nrel_eagle_slurm/sample_eagle_data.csv")
+
+
+@pytest.mark.skipif(not EAGLE.exists(), reason="the shared data folder is not here")
+def test_cpu_only_jobs_of_the_eagle_sample_are_noted(tmp_path):
+    # --slurm-array checks the trace (and notes) without simulating it.
+    res = simulate("--workload", str(EAGLE), "--policy", "static", "--out", str(tmp_path),
+                   "--slurm-array")
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.stderr.splitlines() if "CPU-only" in line]
+    assert len(notes) == 1 and "996 of 1000 job(s) request 0 GPUs (CPU-only)" in notes[0]
 
 
 @pytest.mark.parametrize("flag, expected", [([], 120.0), (["--interval", "30"], 30.0)])
@@ -197,6 +214,11 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "pollux", "--seed", "1,2,1"], "--seed '1': given twice"),
     (["--policy", "las,static,las"], "--policy 'las': given twice"),
     (["--policy", "static,,las"], "--policy 'static,,las': an empty name between commas"),
+    (["--policy", "las", "--seed", "1,,2"], "--seed '1,,2': an empty seed between commas"),
+    (["--policy", "las", "--seed", "1,"], "--seed '1,': an empty seed between commas"),
+    (["--policy", "las", "--seed", ""], "--seed '': give at least one seed"),
+    (["--workload", "/dev/null", "--policy", "las"],
+     "--workload /dev/null: not a regular file (a character device)"),
     (["--policy", "las", "--interval", "nan"], "Invalid value for '--interval': 'nan' is not a "
                                                "finite number"),
     (["--policy", "las", "--nodes", "200000"], "Invalid value for '--nodes': 200000 is not in "
@@ -367,3 +389,154 @@ def test_arrivals_after_max_time_are_noted_and_an_idle_gap_is_quick(tmp_path):
     # j0 and j1 ran (j1 after an empty cluster for ~11 days: those decide ticks are passed
     # over, not run); j2 never arrives.
     assert summary["jobs_finished"] == 2 and summary["decide_cycles"] < 100
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+def _summary(workload: str = "tiny", policy: str = "las", seed: int = 0, **changes) -> dict:
+    """A summary.json as `sweep.write_run` writes it (the keys the comparison reads)."""
+    s = {"workload": workload, "policy": policy, "seed": seed, "jobs": 2, "jobs_finished": 2,
+         "all_finished": True, "avg_jct_s": 100.0, "median_jct_s": 100.0, "p99_jct_s": 150.0,
+         "makespan_s": 300.0, "gpu_utilization": 0.5, "restarts_per_job": 0.0,
+         "ftf_rho_avg": 1.0, "nodes": 16, "gpus_per_node": 4, "interval_s": 60.0,
+         "restart_cost_s": None, "load_scale": 1.0, "job_setup": "auto", "window_days": None,
+         "policy_params": {}, "settings": {"min_gain": 0.05, "cooldown_s": 300.0}}
+    s.update(changes)
+    return s
+
+
+def _run_folder(out: Path, summary: dict | str, jobs_csv: str = "name,jct_s\na,50\nb,150\n",
+                where: tuple[str, str, int] | None = None) -> Path:
+    wl, pol, seed = where or (summary["workload"], summary["policy"], summary["seed"])
+    d = out / wl / pol / f"seed{seed}"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(summary if isinstance(summary, str)
+                                    else json.dumps(summary))
+    (d / "jobs.csv").write_text(jobs_csv)
+    return d
+
+
+@pytest.mark.parametrize("summary, jobs_csv, file, message", [
+    ("{bad", None, "summary.json",
+     "not valid JSON (Expecting property name enclosed in double quotes at line 1 column 2)"),
+    ("[]", None, "summary.json", "expected a JSON object, got list"),
+    ("{}", None, "summary.json", "field workload=missing: expected a non-empty string"),
+    (_summary(avg_jct_s="fast"), None, "summary.json",
+     'field avg_jct_s="fast": expected a finite number or null'),
+    (_summary(gpu_utilization=float("nan")), None, "summary.json",
+     "field gpu_utilization=NaN: expected a finite number or null"),
+    (_summary(jobs="2"), None, "summary.json", 'field jobs="2": expected an integer >= 0'),
+    (_summary(seed=True), None, "summary.json", "field seed=true: expected an integer >= 0"),
+    (_summary(policy=["las"]), None, "summary.json",
+     'field policy=["las"]: expected a non-empty string'),
+    (_summary(all_finished="yes"), None, "summary.json",
+     'field all_finished="yes": expected true or false'),
+    (_summary(nodes=float("inf")), None, "summary.json",
+     "field nodes=Infinity: holds a number that is not finite"),
+    ("[" * 100000, None, "summary.json", "not valid JSON (maximum recursion depth exceeded"),
+    (_summary(policy="static"), None, "summary.json",
+     "it is the run tiny/static/seed0, not that of its folder tiny/las/seed0 (a copied or "
+     "renamed run folder)"),
+    (_summary(), "name,jct_s\na,soon\n", "jobs.csv:2", "field jct_s='soon': not a finite number"),
+    (_summary(), "name,end_s\na,5\n", "jobs.csv:1", "no jct_s column"),
+])
+def test_compare_only_skips_a_corrupt_run_folder_with_a_note(tmp_path, summary, jobs_csv, file,
+                                                             message):
+    out = tmp_path / "o"
+    _run_folder(out, _summary(policy="static"))
+    bad = _run_folder(out, summary, *([jobs_csv] if jobs_csv else []),
+                      where=("tiny", "las", 0))
+    res = simulate("--compare-only", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output and res.exception is None
+    notes = [line for line in res.stderr.splitlines() if "note:" in line]
+    assert len(notes) == 1, res.stderr
+    assert notes[0].startswith(f"malleable simulate: note: {bad / file}: {message}"), notes
+    assert notes[0].endswith(": run folder skipped (not compared)")
+    assert "1 run(s) compared" in res.stdout and "(1 run folder(s) skipped" in res.stdout
+    cmp = json.loads((out / "comparison.json").read_text())
+    assert [(r["policy"], r["avg_jct_s"]) for r in cmp["runs"]] == [("static", 100.0)]
+
+
+def test_compare_only_without_a_valid_run_is_one_error_line_and_exit_2(tmp_path):
+    out = tmp_path / "o"
+    res = simulate("--compare-only", "--out", str(out))   # nothing there: as before
+    assert res.exit_code == 2
+    assert res.stderr.strip() == (f"malleable simulate: error: --out {out}: no run "
+                                  "(*/*/seed*/summary.json) to compare")
+    _run_folder(out, "[]", where=("tiny", "las", 0))
+    res = simulate("--compare-only", "--out", str(out))
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    errors = [line for line in res.stderr.splitlines() if "error:" in line]
+    assert errors == [f"malleable simulate: error: --out {out}: no valid run to compare "
+                      "(1 run folder(s) skipped: see the notes above)"]
+    assert "summary.json: expected a JSON object, got list" in res.stderr
+    assert not (out / "comparison.json").exists()
+
+
+def test_a_sweep_into_a_folder_with_a_corrupt_run_compares_its_own_runs(tmp_path, workload):
+    out = tmp_path / "o"
+    bad = _run_folder(out, "{}", where=("tiny", "static", 0))
+    res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",
+                   "--no-plots", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert f"{bad / 'summary.json'}: field workload=missing" in res.stderr
+    assert "(1 run folder(s) skipped: see the notes)" in res.stdout
+    cmp = json.loads((out / "comparison.json").read_text())
+    assert [r["policy"] for r in cmp["runs"]] == ["las"] and cmp["mixed_settings"] == []
+    assert (bad / "summary.json").read_text() == "{}"   # left as it was
+
+
+def test_runs_of_different_settings_compared_together_are_noted(tmp_path):
+    out = tmp_path / "o"
+    _run_folder(out, _summary(policy="static"))
+    _run_folder(out, _summary(policy="static", seed=1))
+    _run_folder(out, _summary(policy="las"))
+    res = simulate("--compare-only", "--out", str(out))
+    assert res.exit_code == 0 and "note:" not in res.stderr, res.output
+    assert json.loads((out / "comparison.json").read_text())["mixed_settings"] == []
+    _run_folder(out, _summary(policy="las", seed=1, nodes=2, policy_params={"starve_s": 5}))
+    res = simulate("--compare-only", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    cmp = json.loads((out / "comparison.json").read_text())
+    assert cmp["mixed_settings"] == [
+        {"setting": "nodes", "policy": None,
+         "values": [{"value": 16, "runs": ["tiny/las/seed0", "tiny/static/seed0",
+                                           "tiny/static/seed1"]},
+                    {"value": 2, "runs": ["tiny/las/seed1"]}]},
+        {"setting": "policy_params", "policy": "las",
+         "values": [{"value": {"starve_s": 5}, "runs": ["tiny/las/seed1"]},
+                    {"value": {}, "runs": ["tiny/las/seed0"]}]}]
+    nodes = ("comparison.json mixes runs made with different nodes: 16 (3 run(s): "
+             "tiny/las/seed0, tiny/static/seed0, tiny/static/seed1); 2 (1 run(s): tiny/las/seed1)")
+    assert cmp["warnings"][0] == nodes
+    assert f"malleable simulate: note: {nodes}\n" in res.stderr
+    assert ("note: comparison.json mixes runs of policy las made with different policy_params: "
+            '{"starve_s": 5} (1 run(s): tiny/las/seed1); {} (1 run(s): tiny/las/seed0)'
+            in res.stderr)
+
+
+def test_a_sweep_replacing_a_run_of_other_settings_says_so(tmp_path, workload):
+    out = tmp_path / "o"
+    res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "4",
+                   "--out", str(out))
+    assert res.exit_code == 0 and "note:" not in res.stderr, res.output
+    static = out / "tiny" / "static" / "seed0"
+    assert (static / "plots" / "utilization.png").exists()
+    res = simulate("--workload", str(workload), "--policy", "static", "--nodes", "2",
+                   "--interval", "30", "--no-plots", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert (f"malleable simulate: note: --out {out}: this sweep replaces tiny/static/seed0 (1 "
+            "run folder(s)), made with other settings: interval_s=60.0 (now 30.0), nodes=4 "
+            "(now 2)\n") in res.stderr
+    assert "comparison.json mixes runs made with different nodes: 2 (1 run(s): " \
+        "tiny/static/seed0); 4 (1 run(s): tiny/las/seed0)" in res.stderr
+    assert json.loads((static / "summary.json").read_text())["nodes"] == 2
+    # The replaced run's plots went with it (this run drew none).
+    assert not list((static / "plots").glob("*.png"))
+    assert (out / "tiny" / "las" / "seed0" / "plots" / "utilization.png").exists()
+    # The same settings again: nothing to say.
+    res = simulate("--workload", str(workload), "--policy", "static", "--nodes", "2",
+                   "--interval", "30", "--no-plots", "--no-comparison", "--out", str(out))
+    assert res.exit_code == 0 and "replaces" not in res.stderr, res.output

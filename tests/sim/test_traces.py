@@ -307,6 +307,14 @@ def test_sacct_pipe_text_loads_jobs_and_skips_steps_and_unstarted(tmp_path):
     ("job104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1||OK|",
      "field JobID='job104'"),
     ("104|x|gpu|2024-03-01T11:00:00", "expected 10 fields, got 4"),
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|"
+     "cpu=8,gres/gpu=notanumber,node=2|OK|",
+     "field AllocTRES='cpu=8,gres/gpu=notanumber,node=2': the gres/gpu count 'notanumber' is "
+     "not an integer >= 0"),
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|"
+     "gres/gpu:a100=|OK|", "field AllocTRES='gres/gpu:a100=': the gres/gpu count ''"),
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|"
+     "gres/gpu=-2|OK|", "field AllocTRES='gres/gpu=-2': the gres/gpu count '-2'"),
 ])
 def test_sacct_pipe_text_refuses_a_malformed_row(tmp_path, line, problem):
     f = tmp_path / "sacct.txt"
@@ -314,6 +322,24 @@ def test_sacct_pipe_text_refuses_a_malformed_row(tmp_path, line, problem):
     with pytest.raises(TraceError) as err:
         load_sacct(f)
     assert f"{f}:7" in str(err.value) and problem in str(err.value)
+
+
+def test_sacct_pipe_text_gpus_from_req_tres_and_gres_and_a_malformed_gres(tmp_path):
+    f = tmp_path / "sacct.txt"
+    head = "JobID|Submit|Elapsed|AllocTRES|ReqTRES|AllocGRES\n"
+    f.write_text(head + "1|2024-03-01T10:00:00|00:10||cpu=1,gres/gpu=3|\n"
+                 "2|2024-03-01T10:00:00|00:10|cpu=1|cpu=1|gpu:tesla:4(IDX:0-1,3)\n"
+                 "3|2024-03-01T10:00:00|00:10|cpu=1,gres/gpumem=16G||gpumem:2\n")
+    jobs, _ = load_sacct(f)
+    assert [(j.name, j.gpus) for j in jobs] == [("1", 3), ("2", 4), ("3", 0)]
+    for cells, problem in [
+            ("gres/gpu=4|gres/gpu=many|", "field ReqTRES='gres/gpu=many': the gres/gpu count "
+                                          "'many' is not an integer >= 0"),
+            ("||gpu:tesla", "field AllocGRES='gpu:tesla': 'gpu:tesla' has no GPU count")]:
+        f.write_text(head + f"1|2024-03-01T10:00:00|00:10|{cells}\n")
+        with pytest.raises(TraceError) as err:
+            load_sacct(f)
+        assert str(err.value).startswith(f"{f}:2: {problem}"), str(err.value)
 
 
 def test_sacct_json_in_22_05_and_23_11_shapes(tmp_path):
@@ -342,6 +368,17 @@ def test_sacct_json_in_22_05_and_23_11_shapes(tmp_path):
     doc["jobs"][0]["time"]["elapsed"] = "an hour"
     f.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=r"field jobs\[0\]\.time\.elapsed='an hour'"):
+        load_sacct(f)
+    doc["jobs"][0]["time"]["elapsed"] = 3600
+    doc["jobs"][0]["tres"]["allocated"][1]["count"] = "x"   # was read as 0 GPUs
+    f.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"field jobs\[0\]\.tres\.allocated\[1\]\.count='x': "
+                                         r"the GPU count is not an integer >= 0"):
+        load_sacct(f)
+    doc["jobs"][0]["tres"]["allocated"][1]["count"] = 8
+    doc["jobs"][1]["tres"]["requested"] = {"gres/gpu": 2}
+    f.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"field jobs\[1\]\.tres\.requested=.*expected a list"):
         load_sacct(f)
     f.write_text('{"jobs": [')
     with pytest.raises(TraceError, match="not valid JSON"):
