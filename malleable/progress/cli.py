@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 import sys
 
@@ -50,6 +51,7 @@ from malleable.progress.reporter import (
 )
 
 TAIL_BYTES = 64 * 1024
+_JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,20})?")   # squeue's ids: 123, 123_4 (array task)
 
 
 def read_tail(path: str) -> bytes:
@@ -155,6 +157,9 @@ class _Context:
         job_id = job or job_id_from_env(env)
         if not job_id:
             fail("SLURM_JOB_ID is not set: run inside a Slurm job or pass --job ID")
+        if job and not _JOB_ID.fullmatch(job):
+            fail(f"--job={job}: expected a Slurm job id such as 123 or 123_4 (the daemon "
+                 f"reads <spool>/<id>.jsonl by the id squeue shows)")
         spool_dir = spool or env.get(ENV_SPOOL) or None
         try:
             self.reporter = Reporter.from_env({**env, "SLURM_JOB_ID": job_id,

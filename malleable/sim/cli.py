@@ -173,6 +173,9 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         click.echo(f"{len(runs)} run(s) compared: {path}" + (
             f" ({skipped} run folder(s) skipped: see the notes)" if skipped else ""))
         return
+    if any(not v.strip() for value in workloads for v in value.split(",")) and \
+            any(v.strip() for value in workloads for v in value.split(",")):
+        raise _fail(f"--workload {','.join(workloads)!r}: an empty path between commas")
     paths = _expand(_split(workloads))
     if not paths:
         raise _fail("--workload: give at least one trace file")

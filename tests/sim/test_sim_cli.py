@@ -219,6 +219,8 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "las", "--seed", ""], "--seed '': give at least one seed"),
     (["--workload", "/dev/null", "--policy", "las"],
      "--workload /dev/null: not a regular file (a character device)"),
+    (["--workload", "a.csv,,b.csv", "--policy", "las"],
+     "--workload 'a.csv,,b.csv': an empty path between commas"),
     (["--policy", "las", "--interval", "nan"], "Invalid value for '--interval': 'nan' is not a "
                                                "finite number"),
     (["--policy", "las", "--nodes", "200000"], "Invalid value for '--nodes': 200000 is not in "

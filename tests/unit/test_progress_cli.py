@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from malleable.cli import main
@@ -242,11 +243,20 @@ def test_a_value_out_of_the_formats_range_is_refused(tmp_path):
     before = path.read_bytes()
     refused(run(["finished", "--samples", big], env),
             f"--samples={big}: {limit} (the daemon would reject it as bad_value)")
-    refused(run(["progress", "--step", "1", "--samples", "1", "--batch", "8", "--job", "j" * 70],
-                env),
-            f"--job={'j' * 40}... (70 characters): not a value a progress line may hold "
-            f"(the daemon would reject it as bad_value)")
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("job", ["abc", "123_", "j" * 70, "1" * 70, "12+0", "-5"])
+def test_a_job_id_squeue_would_not_show_is_refused(tmp_path, job):
+    """The daemon reads <spool>/<id>.jsonl by the id squeue shows (123, 123_4): a line
+    under another name would never be read (from the new-user helper: --job abc passed)."""
+    res = run(["progress", "--step", "1", "--samples", "1", "--batch", "8", "--job", job],
+              session_env(tmp_path))
+    refused(res, f"--job={job}: expected a Slurm job id such as 123 or 123_4 (the daemon "
+                 f"reads <spool>/<id>.jsonl by the id squeue shows)")
+    assert list(tmp_path.iterdir()) == []
+    res = run(["started", "--batch", "8", "--job", "123_4"], session_env(tmp_path))
+    assert res.exit_code == 0 and (tmp_path / "123_4.jsonl").exists()
 
 
 def test_a_huge_step_or_a_long_path_is_one_error_line_not_a_traceback(tmp_path):
