@@ -30,6 +30,7 @@ import os
 import re
 import stat
 import sys
+from collections.abc import Mapping
 
 import click
 
@@ -127,6 +128,31 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
+# Environment values the line takes, and the least each may be (`check_environment`).
+_ENV_COUNTS = (("SLURM_RESTART_COUNT", 0), ("SLURM_GPUS_ON_NODE", 0),
+               ("SLURM_JOB_NUM_NODES", 1), (ENV_BATCH, 1))
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuse an environment value the line would take wrongly.
+
+    The Python `Reporter` reads a malformed SLURM_RESTART_COUNT, SLURM_GPUS_ON_NODE or
+    SLURM_JOB_NUM_NODES as its default (training must not stop over a report), and an
+    unreadable MALLEABLE_BATCH_SIZE as unset; a shell command can say so instead.
+
+    Args:
+        env: the environment (unset or blank variables pass).
+
+    Raises:
+        SystemExit(2): a set variable that is not an integer at least its least value
+            (one line on stderr naming the variable and its value).
+    """
+    for name, least in _ENV_COUNTS:
+        raw = env.get(name, "").strip()
+        if raw and not (raw.isdigit() and least <= int(raw) <= MAX_INT):
+            fail(f"{name}={raw}: expected an integer >= {least}")
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print ``malleable report: error: <message>`` (one line) and exit with ``code``."""
     click.echo(f"malleable report: error: {message}", err=True)
@@ -160,7 +186,11 @@ class _Context:
         if job and not _JOB_ID.fullmatch(job):
             fail(f"--job={job}: expected a Slurm job id such as 123 or 123_4 (the daemon "
                  f"reads <spool>/<id>.jsonl by the id squeue shows)")
+        check_environment(env)
         spool_dir = spool or env.get(ENV_SPOOL) or None
+        if spool_dir is not None and not os.path.isabs(spool_dir):
+            fail(f"{'--spool' if spool else ENV_SPOOL}={spool_dir}: expected an absolute path "
+                 f"(the daemon reads the spool directory of its configuration)")
         try:
             self.reporter = Reporter.from_env({**env, "SLURM_JOB_ID": job_id,
                                                "SLURM_ARRAY_JOB_ID": "",

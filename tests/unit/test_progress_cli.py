@@ -313,3 +313,29 @@ def test_a_last_line_without_its_newline_is_judged_as_the_line_it_becomes(tmp_pa
     assert path.read_bytes() == line(120).rstrip(b"\n")
     assert progress_at(130, env).exit_code == 0
     assert ingested_steps(path) == [120, 130]
+
+
+@pytest.mark.parametrize("name, value, least", [
+    ("SLURM_RESTART_COUNT", "abc", 0), ("SLURM_RESTART_COUNT", "-1", 0),
+    ("SLURM_GPUS_ON_NODE", "abc", 0), ("SLURM_JOB_NUM_NODES", "0", 1),
+    ("MALLEABLE_BATCH_SIZE", "-5", 1), ("MALLEABLE_BATCH_SIZE", "abc", 1),
+])
+def test_a_malformed_environment_value_is_named(tmp_path, name, value, least):
+    """The Python Reporter reads these as their defaults (training must not stop); the
+    shell command says so instead of writing restart 0, 0 GPUs or "batch not known"."""
+    env = {**session_env(tmp_path), name: value}
+    refused(run(["started", "--batch", "8"] if name != "MALLEABLE_BATCH_SIZE" else ["started"],
+                env), f"{name}={value}: expected an integer >= {least}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_spool_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {**session_env(tmp_path), "MALLEABLE_SPOOL": "relative"}
+    refused(run(["started", "--batch", "8"], env),
+            "MALLEABLE_SPOOL=relative: expected an absolute path (the daemon reads the spool "
+            "directory of its configuration)")
+    refused(run(["started", "--batch", "8", "--spool", "rel"], env),
+            "--spool=rel: expected an absolute path (the daemon reads the spool directory of "
+            "its configuration)")
+    assert list(tmp_path.iterdir()) == []
