@@ -164,10 +164,27 @@ def _check_sqlite_file(path: Path, create: bool) -> None:
         return
     if not os.access(path, os.R_OK):
         raise DatabaseUnavailable(where, "permission denied (cannot read the file)")
+    if not create and _empty_sqlite_file(path):
+        # SQLite would take it for an empty database and our connect hook would write
+        # a header into it: a command that only reads must not change a file.
+        raise DatabaseUnavailable(where, "an empty file, not a state store (run `malleable "
+                                  "db upgrade` to create one)")
     if not os.access(path, os.W_OK):
         why = ("read-only file system" if _on_readonly_fs(path)
                else "read-only file (no write permission)")
         raise DatabaseUnavailable(where, why)
+
+
+def _empty_sqlite_file(path: Path) -> bool:
+    """A 0-byte file with no write-ahead log beside it (a store this package opened has
+    its header: setting WAL mode writes it)."""
+    try:
+        if path.stat().st_size:
+            return False
+        wal = path.with_name(path.name + "-wal")
+        return not (wal.exists() and wal.stat().st_size)
+    except OSError:
+        return False
 
 
 def _on_readonly_fs(path: Path) -> bool:

@@ -66,6 +66,22 @@ def test_missing_file_without_create(tmp_path):
     assert not (tmp_path / "none.db").exists()
 
 
+def test_an_empty_file_is_refused_without_create_and_left_as_it_was(tmp_path):
+    """A read-only command (create=False) on a 0-byte file: refused, and the file stays
+    0 bytes (SQLite took it for an empty database and the connect hook wrote a header
+    into it: from the new-user helper). With create (db upgrade), it becomes a store."""
+    db = tmp_path / "empty.db"
+    db.touch()
+    with pytest.raises(DatabaseUnavailable) as ei:
+        make_engine(f"sqlite:///{db}", create=False)
+    assert str(ei.value) == (f"{db}: an empty file, not a state store (run `malleable db "
+                             f"upgrade` to create one)")
+    assert db.stat().st_size == 0
+    make_engine(f"sqlite:///{db}").dispose()
+    assert db.stat().st_size > 0
+    make_engine(f"sqlite:///{db}", create=False).dispose()
+
+
 def test_not_a_database(tmp_path):
     db = tmp_path / "junk.db"
     db.write_bytes(b"this is a text file, not SQLite\n" * 200)
