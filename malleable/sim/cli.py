@@ -27,8 +27,20 @@ def _fail(message: str) -> click.exceptions.Exit:
     return click.exceptions.Exit(2)
 
 
-def _split(values: tuple[str, ...]) -> list[str]:
-    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+def _items(option: str, values: tuple[str, ...], what: str) -> list[str]:
+    """The comma-separated items of an option given once or more, stripped.
+
+    Returns:
+        The non-empty items ([] if there is none).
+
+    Raises:
+        click.exceptions.Exit(2): an empty item beside others (one line naming the
+            option, as given, and ``what`` an item is).
+    """
+    items = [v.strip() for value in values for v in value.split(",")]
+    if any(items) and "" in items:
+        raise _fail(f"{option} {','.join(values)!r}: an empty {what} between commas")
+    return [v for v in items if v]
 
 
 def _expand(paths: list[str]) -> list[str]:
@@ -54,11 +66,9 @@ def _expand(paths: list[str]) -> list[str]:
 
 
 def _seeds(values: tuple[str, ...]) -> list[int]:
-    items = [v.strip() for value in values for v in value.split(",")]
-    if "" in items:
-        given = ",".join(values)
-        raise _fail(f"--seed {given!r}: an empty seed between commas" if any(items) else
-                    f"--seed {given!r}: give at least one seed (N[,N...])")
+    items = _items("--seed", values, "seed")
+    if not items:
+        raise _fail(f"--seed {','.join(values)!r}: give at least one seed (N[,N...])")
     out = []
     for v in items:
         try:
@@ -173,10 +183,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         click.echo(f"{len(runs)} run(s) compared: {path}" + (
             f" ({skipped} run folder(s) skipped: see the notes)" if skipped else ""))
         return
-    if any(not v.strip() for value in workloads for v in value.split(",")) and \
-            any(v.strip() for value in workloads for v in value.split(",")):
-        raise _fail(f"--workload {','.join(workloads)!r}: an empty path between commas")
-    paths = _expand(_split(workloads))
+    paths = _expand(_items("--workload", workloads, "path"))
     if not paths:
         raise _fail("--workload: give at least one trace file")
     config: dict = {}
@@ -184,10 +191,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         config = _read_config(config_path)
     if not policies and "name" in config.get("policy", {}):
         policies = (str(config["policy"]["name"]),)
-    named = [v.strip() for value in policies for v in value.split(",")]
-    pols = [v for v in named if v]
-    if pols and len(pols) < len(named):
-        raise _fail(f"--policy {','.join(policies)!r}: an empty name between commas")
+    pols = _items("--policy", policies, "name")
     if not pols:
         raise _fail("--policy: give at least one policy (or a [policy] name in --config)")
     twice = sorted({p for p in pols if pols.count(p) > 1})
