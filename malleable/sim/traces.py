@@ -101,8 +101,8 @@ class TraceJob:
 def _open_text(path: Path) -> io.TextIOBase:
     try:
         if path.suffix == ".gz":
-            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-        return open(path, encoding="utf-8", newline="")
+            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+        return open(path, encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise TraceError(path, 0, "", None, f"cannot read trace: {exc.strerror}") from None
 

@@ -57,6 +57,18 @@ def test_pollux_workload_values_match_the_file():
     assert jobs[2].name == "ncf-2" and (jobs[2].gpus, jobs[2].batch_size) == (1, 32768)
 
 
+def test_a_byte_order_mark_before_the_header_is_read_as_utf8(tmp_path):
+    """Spreadsheets save CSV as "UTF-8 with BOM": the header's first name must not
+    carry it (it did: 'missing column(s) name')."""
+    src = DATA_DIR / "workloads" / "workload-1.csv"
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + src.read_bytes())
+    assert load_pollux_workload(bom) == load_pollux_workload(src)
+    gz = tmp_path / "bom.csv.gz"
+    gz.write_bytes(gzip.compress(bom.read_bytes()))
+    assert load_pollux_workload(gz) == load_pollux_workload(src)
+
+
 @need_shared
 def test_vendored_pollux_files_are_byte_identical_to_the_shared_copies():
     for src in sorted((SHARED / "pollux").rglob("*.csv")):
