@@ -274,7 +274,11 @@ def replay_command(workload, speedup, limit, every, models, until_s, script, max
         gpus_per_node = gpus_per_node or info.gpus_per_node
         nodes = nodes or info.nodes
     g = max(1, gpus_per_node)
-    cap = max_gpus or g * max(1, nodes)
+    total = g * max(1, nodes)
+    cap = max_gpus or total
+    if cap > total:
+        click.echo(f"malleable replay: note: --max-gpus {cap} is above the cluster's {total} "
+                   f"GPUs ({nodes} node(s) x {g}): no job gets more than {total}", err=True)
     try:
         recipes = [recipe(t, gpus_per_node=g, max_gpus=cap, grace_s=grace_s,
                           adaptive_batch=adaptive_batch) for t in chosen]

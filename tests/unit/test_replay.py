@@ -121,3 +121,15 @@ def test_cluster_sizes_are_bounded_like_simulate(args, message):
                                   *args])
     assert r.exit_code == 2 and message in r.output, r.output
     assert "--max-gpus" not in r.output
+
+
+def test_max_gpus_above_the_cluster_is_noted():
+    args = ["replay", "--workload", WORKLOAD, "--limit", "1", "--dry-run", "--gpus-per-node",
+            "4", "--nodes", "2"]
+    r = CliRunner().invoke(main, [*args, "--max-gpus", "64"])
+    assert r.exit_code == 0, r.output
+    assert ("malleable replay: note: --max-gpus 64 is above the cluster's 8 GPUs (2 node(s) "
+            "x 4): no job gets more than 8\n") in r.stderr
+    assert "malleable:gpus=1-64" in r.stdout   # the spec keeps what was asked
+    r = CliRunner().invoke(main, [*args, "--max-gpus", "8"])
+    assert r.exit_code == 0 and "note:" not in r.stderr, r.output
