@@ -43,6 +43,7 @@ from malleable.progress.lines import (
     split_lines,
 )
 from malleable.progress.reporter import (
+    DEFAULT_SPOOL,
     ENV_BATCH,
     ENV_SPOOL,
     MAX_INT,
@@ -187,6 +188,9 @@ class _Context:
             fail(f"--job={job}: expected a Slurm job id such as 123 or 123_4 (the daemon "
                  f"reads <spool>/<id>.jsonl by the id squeue shows)")
         check_environment(env)
+        if spool is None and ENV_SPOOL in env and not env[ENV_SPOOL].strip():
+            fail(f"{ENV_SPOOL} is set but empty: expected the absolute path of the daemon's "
+                 f"spool (unset it for the system spool {DEFAULT_SPOOL})")
         spool_dir = spool or env.get(ENV_SPOOL) or None
         if spool_dir is not None and not os.path.isabs(spool_dir):
             fail(f"{'--spool' if spool else ENV_SPOOL}={spool_dir}: expected an absolute path "

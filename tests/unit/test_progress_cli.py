@@ -339,3 +339,20 @@ def test_a_relative_spool_is_refused(tmp_path, monkeypatch):
             "--spool=rel: expected an absolute path (the daemon reads the spool directory of "
             "its configuration)")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_set_but_empty_spool_variable_is_refused(tmp_path, monkeypatch):
+    """An empty MALLEABLE_SPOOL (``export MALLEABLE_SPOOL=$UNSET``) fell back to the system
+    spool, which the command may create, unlike the daemon's."""
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", "  "):
+        env = {**session_env(tmp_path), "MALLEABLE_SPOOL": blank}
+        refused(run(["started", "--batch", "8"], env),
+                "MALLEABLE_SPOOL is set but empty: expected the absolute path of the daemon's "
+                "spool (unset it for the system spool /var/spool/malleable/progress)")
+    # --spool decides where it goes, whatever the variable.
+    spool = tmp_path / "spool"
+    res = run(["started", "--batch", "8", "--spool", str(spool)],
+              {**session_env(tmp_path), "MALLEABLE_SPOOL": ""})
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in spool.iterdir()] == ["8.jsonl"]
