@@ -39,7 +39,8 @@ from malleable.config import Config, parse_config
 from malleable.sim.jobsetup import setup_for
 from malleable.sim.loop import DEFAULT_MAX_TIME_S, SimOptions, SimResult, run_simulation
 from malleable.sim.metrics import write_jobs_csv, write_summary
-from malleable.sim.workloads import load_workload
+from malleable.sim.traces import TraceError
+from malleable.sim.workloads import detect_format, load_workload
 
 SUMMARY = "summary.json"
 #: How `collect`'s note on a skipped run folder ends.
@@ -140,6 +141,16 @@ class RunSpec:
                              gpus_per_node=self.gpus_per_node,
                              gpu_time_classes=self.gpu_time_classes)
 
+    def trace_format(self) -> str:
+        """The trace format the run reads: ``fmt``, or the detected one for "auto"
+        ("auto" when the file cannot be read now, e.g. a summary written elsewhere)."""
+        if self.fmt != "auto":
+            return self.fmt
+        try:
+            return detect_format(self.workload)
+        except TraceError:
+            return "auto"
+
     def metadata(self) -> dict:
         """What the run was (goes into summary.json; no paths, so it is portable)."""
         config = self.daemon_config()
@@ -149,7 +160,9 @@ class RunSpec:
                 "interval_s": float(config.daemon.decide_interval_s),
                 "restart_cost_s": self.restart_cost_s,
                 "load_scale": float(self.load_scale), "job_setup": self.job_setup,
-                "window_days": self.window_days,
+                "window_days": self.window_days, "format": self.trace_format(),
+                "map_models": bool(self.gpu_time_classes), "oracle_work": self.oracle_work,
+                "max_time_s": float(self.max_time_s),
                 # The daemon settings that change decisions (from --config or defaults).
                 "settings": {
                     "min_gain": float(config.policy.min_gain),
@@ -505,10 +518,12 @@ def read_run(path: str | Path) -> dict:
 
 #: What a run was (summary.json, `RunSpec.metadata`) that must be the same for runs
 #: compared together: the cluster, the decide interval, the restart cost, the load, the
-#: job setup and window, and every daemon setting under ``settings``. A policy's
+#: job setup and window, the trace format, --map-models, --oracle-work, --max-time, and
+#: every daemon setting under ``settings``. A policy's
 #: ``policy_params`` must be the same over that policy's runs.
 RUN_SETTINGS = ("nodes", "gpus_per_node", "interval_s", "restart_cost_s", "load_scale",
-                "job_setup", "window_days", "settings")
+                "job_setup", "window_days", "format", "map_models", "oracle_work",
+                "max_time_s", "settings")
 
 _UNRECORDED = "(not recorded)"
 

@@ -519,6 +519,27 @@ def test_runs_of_different_settings_compared_together_are_noted(tmp_path):
             in res.stderr)
 
 
+def test_format_oracle_work_and_max_time_are_recorded_and_compared(tmp_path, workload):
+    out = tmp_path / "o"
+    res = simulate("--workload", str(workload), "--policy", "static", "--nodes", "2",
+                   "--no-plots", "--out", str(out))
+    assert res.exit_code == 0 and "note:" not in res.stderr, res.output
+    summary = json.loads((out / "tiny" / "static" / "seed0" / "summary.json").read_text())
+    assert (summary["format"], summary["map_models"], summary["oracle_work"],
+            summary["max_time_s"]) == ("pollux", False, None, 2880 * 3600.0)
+    # The same run with the format named: the same settings, nothing to say.
+    res = simulate("--workload", str(workload), "--format", "pollux", "--policy", "static",
+                   "--nodes", "2", "--no-plots", "--out", str(out))
+    assert res.exit_code == 0 and "note:" not in res.stderr, res.output
+    res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",
+                   "--oracle-work", "--max-time", "100", "--no-plots", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert ("comparison.json mixes runs made with different max_time_s: 10368000.0 (1 run(s): "
+            "tiny/static/seed0); 360000.0 (1 run(s): tiny/las/seed0)") in res.stderr
+    assert ("comparison.json mixes runs made with different oracle_work: null (1 run(s): "
+            "tiny/static/seed0); true (1 run(s): tiny/las/seed0)") in res.stderr
+
+
 def test_a_sweep_replacing_a_run_of_other_settings_says_so(tmp_path, workload):
     out = tmp_path / "o"
     res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "4",
