@@ -22,6 +22,9 @@ Safety rules:
 * a poll that skipped job records it could not parse (the port's
   ``parse_errors``) marks no job as vanished, and an in-flight action whose
   job is missing from it looks the job up (one RPC) instead of giving up on it;
+* a job Slurm stopped listing before a poll saw its end (purged after
+  MinJobAge) is COMPLETED only if its progress says ``finished``, else
+  VANISHED, which the work priors and Gittins' size history do not count;
 * paused: observe and plan (decisions are recorded), start no new action;
   actions that have not touched their job yet are dropped, jobs the daemon
   held for admission are released, and actions past that point (a signalled
@@ -60,7 +63,7 @@ from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
 from malleable.daemon.shapes import Shape
 from malleable.db import store
-from malleable.db.models import Job
+from malleable.db.models import VANISHED, Job, JobEvent
 from malleable.policies.base import Allocation
 from malleable.policies.hysteresis import with_hysteresis
 from malleable.policies.registry import get_policy
@@ -77,6 +80,9 @@ log = logging.getLogger(__name__)
 # Built once (building a statement costs more than running it).
 # Stored states of a job Slurm should still report (else it finished unseen).
 _ACTIVE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
+# Which of the jobs :ids reported a ``finished`` line.
+_FINISHED_EVENT = (select(JobEvent.job_id).where(JobEvent.job_id.in_(bindparam(
+    "ids", expanding=True)), JobEvent.kind == "finished").distinct())
 
 
 def _to_ingest(which):
@@ -278,25 +284,48 @@ class Daemon:
             if skipped:
                 log.warning("the poll skipped %d job record(s) it could not parse; no job is "
                             "taken as finished for missing from it", len(skipped))
-            else:
-                self._mark_vanished(s, list(upserted.unlisted.values()), now)
             store.set_setting(s, store.LAST_POLL_KEY, now.isoformat(), now)
             # Read with the poll, in one query (one transaction less per cycle than a
             # read of its own; the pause and the policy the cycle decides with are read
             # together, so an operator's `policy set` and `pause` are seen alike).
             self.paused, self.operator_policy = store.operator_settings(s)
             self.last_ingest = self._ingest_in(s, now, full=bool(skipped)) if ingest else None
+            # After the ingest: a vanished job's last lines (``finished``) count.
+            if not skipped:
+                self._mark_vanished(s, list(upserted.unlisted.values()), now)
+            if self.last_ingest is not None and self.last_ingest.finished:
+                self._complete_vanished(s, self.last_ingest.finished, now)
 
     @staticmethod
     def _mark_vanished(s, gone: list[int], now: datetime) -> None:
         """Jobs the store has as active that Slurm no longer reports (``gone``: their
-        ``jobs.id``, `UpsertResult.unlisted`, which leaves out every job of the poll):
-        finished (purged after MinJobAge before a poll saw their end)."""
-        for job in (s.scalars(select(Job).where(Job.id.in_(gone))) if gone else ()):
+        ``jobs.id``, `UpsertResult.unlisted`, which leaves out every job of the poll)
+        ended unseen (purged after MinJobAge before a poll saw their end): COMPLETED if
+        their progress has a ``finished`` event, else `VANISHED` (how they ended is
+        not known: not counted as completed). Each gets a "state" job event."""
+        if not gone:
+            return
+        finished = set(store.run_core(s, _FINISHED_EVENT, {"ids": gone}).scalars())
+        for job in s.scalars(select(Job).where(Job.id.in_(gone))):
+            if job.id in finished:
+                state, why = JobState.COMPLETED.value, "its progress says finished"
+            else:
+                state, why = VANISHED, "how it ended is not known: not counted as completed"
             store.add_job_event(s, job.id, now, "state",
-                                f"{job.state} -> COMPLETED (no longer reported by Slurm)")
-            job.state = JobState.COMPLETED.value
+                                f"{job.state} -> {state} (no longer reported by Slurm; {why})")
+            job.state = state
             job.end_time = job.end_time or now
+
+    @staticmethod
+    def _complete_vanished(s, finished: set[int], now: datetime) -> None:
+        """Jobs stored as `VANISHED` whose ``finished`` line the ingest read after they
+        vanished (``finished``: ``jobs.id`` of the jobs that got a finished event)
+        become COMPLETED, with a "state" job event."""
+        for job in s.scalars(select(Job).where(Job.id.in_(sorted(finished)),
+                                               Job.state == VANISHED)):
+            store.add_job_event(s, job.id, now, "state",
+                                f"{VANISHED} -> COMPLETED (its progress says finished)")
+            job.state = JobState.COMPLETED.value
 
     def refresh_nodes(self, now: datetime, force: bool = False) -> bool:
         """Re-read the node list when it is older than ``nodes_refresh_s`` (one RPC)."""

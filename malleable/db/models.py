@@ -337,5 +337,12 @@ class ProgressFile(Base):
     rejected: Mapped[dict[str, Any]] = mapped_column(JSONDoc, default=dict)
 
 
-# Slurm states a job never leaves, as stored in ``jobs.state``.
-FINISHED_STATES: frozenset[str] = frozenset(s.value for s in JobState if s.finished)
+#: ``jobs.state`` of a job Slurm stopped listing before the daemon saw how it ended (it
+#: was purged after MinJobAge while no poll ran, e.g. the daemon was down) and whose
+#: progress does not say it finished. Not a Slurm state: it may have completed, failed or
+#: been cancelled, so it is finished but not COMPLETED, and the estimators' work priors
+#: and Gittins' size history (which read COMPLETED jobs) leave it out.
+VANISHED = "VANISHED"
+
+# States a job never leaves, as stored in ``jobs.state``: Slurm's, and VANISHED.
+FINISHED_STATES: frozenset[str] = frozenset(s.value for s in JobState if s.finished) | {VANISHED}

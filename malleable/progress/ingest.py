@@ -91,6 +91,7 @@ class IngestReport:
         bytes_read: bytes consumed over all files.
         unread: ``jobs.id`` of the jobs whose file still holds bytes past where this
             call stopped (the per-call byte limit, or a line not finished yet).
+        finished: ``jobs.id`` of the jobs that got a ``finished`` event in this call.
     """
 
     jobs_read: int = 0
@@ -101,6 +102,7 @@ class IngestReport:
     problems: dict[str, str] = field(default_factory=dict)
     bytes_read: int = 0
     unread: set[int] = field(default_factory=set)
+    finished: set[int] = field(default_factory=set)
 
 
 def _utc(t: float) -> datetime:
@@ -276,6 +278,7 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
                     result.rejected)
     # Events first, then the files' rows, then the samples.
     report.events = store.add_job_events(session, events)
+    report.finished = {e[0] for e in events if e[2] == "finished"}
     store.save_progress_files(session, read_files.values(), before)
     report.samples = store.add_progress_samples(session, samples)
     session.flush()
