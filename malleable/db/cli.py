@@ -15,8 +15,10 @@ stderr and exits with 2, without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -24,7 +26,7 @@ from sqlalchemy import Engine
 
 from malleable.config import ConfigError, check_database_url, load_config
 from malleable.db import schema
-from malleable.db.engine import describe_url, engine_from_config
+from malleable.db.engine import describe_url, engine_from_config, sqlite_path
 from malleable.db.errors import StoreError
 
 
@@ -56,13 +58,18 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
         def wrapper(config_path: str | None, database_url: str | None, **kw: Any) -> None:
             ctx = click.get_current_context()
             engine: Engine | None = None
+            new_file: Path | None = None   # an SQLite file this command creates
+            done = False
             try:
                 config = load_config(config_path)
                 if database_url is not None:   # checked as [database] url is ('' included)
                     check_database_url("--database-url", database_url)
+                if create:
+                    new_file = _missing_sqlite_file(database_url or config.database.url)
                 engine = engine_from_config(config, url=database_url, create=create)
                 ctx.meta[_CONFIG_KEY] = config
                 fn(engine, **kw)
+                done = True
             except (StoreError, ConfigError) as exc:
                 _fail(ctx, str(exc))
             except OSError as exc:   # e.g. another user's 0600 database file
@@ -71,10 +78,29 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
             finally:
                 if engine is not None:
                     engine.dispose()
+                if not done and new_file is not None:
+                    _remove_sqlite_file(new_file)
 
         return wrapper
 
     return deco
+
+
+def _missing_sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL if it does not exist yet (else, or not SQLite: None)."""
+    try:
+        path = sqlite_path(url)
+    except Exception:   # a malformed URL: make_engine names it
+        return None
+    return path if path is not None and not path.exists() else None
+
+
+def _remove_sqlite_file(path: Path) -> None:
+    """Remove a database file a failed command created (and its journal, WAL and shared
+    memory files), so that nothing half-made is left: the next try starts afresh."""
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
 
 
 class _RevisionsCommand(click.Command):
@@ -111,7 +137,8 @@ def db() -> None:
               help="revision to upgrade to.")
 @_with_engine(create=True)
 def upgrade(engine: Engine, to: str) -> None:
-    """Create the schema in an empty database or upgrade it (creates a missing SQLite file)."""
+    """Create the schema in an empty database or upgrade it (creates a missing SQLite file;
+    if that fails, the file is removed again)."""
     before, after = schema.upgrade(engine, to)
     where = describe_url(engine.url)
     if before == after:

@@ -149,11 +149,11 @@ def test_full_disk(mount_tmpfs):
     new = point / "new.db"
     for db in (new, existing):
         for cmd in ("upgrade", "current"):
-            # The failed upgrade leaves new.db as an empty file, which a read-only
-            # command refuses as such (it never writes into a file).
-            cause = "an empty file, not a state store" if (db, cmd) == (new, "current") \
-                else "disk full"
+            # The failed upgrade removes the new.db it made: a read-only command then
+            # finds no file (it never creates one).
+            cause = "no such database file" if (db, cmd) == (new, "current") else "disk full"
             assert_one_line_error(run_db(cmd, url=f"sqlite:///{db}"), cmd, db, cause)
+            assert new.exists() is False
     with pytest.raises(DatabaseUnavailable, match=f"^{new}: disk full"):
         engine = make_engine(f"sqlite:///{new}")
         schema.upgrade(engine)
@@ -168,6 +168,8 @@ def test_file_size_limit_as_full_disk(tmp_path):
 
     assert_one_line_error(run_db("upgrade", url=f"sqlite:///{db}", preexec=limit), "upgrade",
                           db, "disk I/O error", "disk full")
+    # The file the failed upgrade made is removed, with its WAL and shared memory.
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
     # nothing half-done: without the limit the upgrade succeeds from scratch
     engine = make_engine(f"sqlite:///{db}")
     assert schema.upgrade(engine) == (None, schema.head_revision())
