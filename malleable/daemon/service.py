@@ -62,7 +62,7 @@ from malleable.db.lease import (
 from malleable.db.retention import apply_retention
 from malleable.progress.spool import ensure_spool_dir
 from malleable.slurm import connect
-from malleable.slurm.client import SlurmError
+from malleable.slurm.client import SlurmError, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,11 @@ class Service:
                              spool_dir=config.progress.spool_dir, config=config,
                              dry_run=self.dry_run)
         self.daemon.actuator.step_hook = crash_points_from_env()
+        # A stop ends the port's retries (their back-off waits), so that a stop while
+        # Slurm does not answer completes within systemd's TimeoutStopSec.
+        runner = getattr(self.daemon.slurm, "runner", None)
+        if runner is not None and hasattr(runner, "sleep"):
+            runner.sleep = self._retry_wait
         self.scheduler: BlockingScheduler | None = None
         self.metrics: Callable[[CycleReport], None] | None = None   # see metrics_factory
         self._stopping = threading.Event()
@@ -152,6 +157,18 @@ class Service:
             self.notifier.status(f"{report.kind} cycle {report.number}: "
                                  f"{report.managed} malleable jobs, {report.rpc} RPCs"
                                  + (" (Slurm unavailable)" if report.slurm_unavailable else ""))
+
+    def _retry_wait(self, seconds: float) -> None:
+        """The Slurm port's back-off wait: ends early, with `SlurmUnavailable`, when a
+        stop is requested (no more retries)."""
+        if self._stopping.wait(seconds):
+            raise SlurmUnavailable("the daemon is stopping: no more retries")
+
+    def _stop_if_requested(self) -> None:
+        """Run once as the scheduler starts: a stop requested before the scheduler ran
+        (a signal between the start-up poll and `BlockingScheduler.start`) ends it."""
+        if self._stopping.is_set() and self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
 
     def _heartbeat(self) -> None:
         """Renew the lease and ping the systemd watchdog, on a thread of its own.
@@ -229,7 +246,12 @@ class Service:
                               "(exit 1)")
                     return 1
                 return 0
-            self.daemon.poll_cycle()
+            # A stop (SIGTERM) during the start-up reads ends here: the scheduler, which
+            # a stop shuts down, is not running yet.
+            if not self._stopping.is_set():
+                self.daemon.poll_cycle()
+            if self._stopping.is_set():
+                return 0
             self.notifier.ready(f"polling every {self.config.daemon.poll_interval_s:.0f} s")
             self._schedule()
             self.scheduler.start()  # blocks until stop()
@@ -269,6 +291,8 @@ class Service:
         beat = min(self.config.daemon.lease_timeout_s / 3,
                    self.notifier.watchdog_interval_s or 30.0)
         sched.add_job(self._heartbeat, "interval", seconds=max(beat, 1.0), id="heartbeat",
+                      executor="heartbeat")
+        sched.add_job(self._stop_if_requested, "date", run_date=utcnow(), id="stop-check",
                       executor="heartbeat")
         self.scheduler = sched
 

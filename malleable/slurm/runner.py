@@ -96,9 +96,13 @@ class CommandRunner:
         try:
             proc = subprocess.run(list(argv), env=env, capture_output=True, text=True,
                                   timeout=self.timeout_s, check=False, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
+            # What the command said before it was killed (e.g. squeue retrying to read a
+            # missing slurm.conf for 60 s) says more than the timeout alone.
+            said = _last_line(exc.stderr)
             return CommandResult(tuple(argv), -1, "",
-                                 f"{argv[0]}: timed out after {self.timeout_s:g} s")
+                                 f"{argv[0]}: timed out after {self.timeout_s:g} s"
+                                 + (f" (its last message: {said})" if said else ""))
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]} not found on PATH: is the Slurm client "
                              "installed?") from None
@@ -138,6 +142,14 @@ class CommandRunner:
             return interpret(result)
         return with_retries(attempt, max_retries=self.max_retries, backoff_s=self.backoff_s,
                             sleep=self.sleep, idempotent=idempotent, what=argv[0])
+
+
+def _last_line(output: str | bytes | None, most: int = 200) -> str:
+    """The last non-blank line of a command's partial output, at most ``most`` characters."""
+    if isinstance(output, bytes):
+        output = output.decode("utf-8", "replace")
+    lines = [ln.strip() for ln in (output or "").splitlines() if ln.strip()]
+    return lines[-1][:most] if lines else ""
 
 
 def with_retries(attempt: Callable[[], T], *, max_retries: int, backoff_s: float,

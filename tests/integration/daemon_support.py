@@ -42,7 +42,8 @@ SPEC_TAIL = "batch=512,restart_cost=0"
 
 
 def write_config(tmp: Path, *, policy: str = "equi", poll: float = 2, decide: float = 4,
-                 extra: str = "", lease_timeout: float = 30, backoff: float = 600) -> Path:
+                 extra: str = "", lease_timeout: float = 30, backoff: float = 600,
+                 retries: int = 0) -> Path:
     """A daemon configuration with short intervals, a tmp SQLite and a tmp spool dir."""
     (tmp / "spool").mkdir(exist_ok=True)
     path = tmp / "malleable.toml"
@@ -53,7 +54,7 @@ url = "sqlite:///{tmp / 'm.db'}"
 spool_dir = "{tmp / 'spool'}"
 [slurm]
 backend = "cli"
-max_retries = 0
+max_retries = {retries}
 command_timeout_s = 10
 [daemon]
 poll_interval_s = {poll}

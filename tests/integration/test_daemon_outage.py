@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
+from malleable.db.models import Lease
 from tests.helpers import wait_until
 from tests.integration.daemon_support import (
     DaemonProcess,
@@ -138,16 +140,23 @@ def test_slurm_outage_is_logged_acted_on_only_after_and_survived(slurm, tmp_path
     db.close()
 
 
-def test_once_exits_1_when_slurm_does_not_answer(tmp_path):
-    """``daemon --once`` against a controller nobody runs (a slurm.conf naming port 1):
-    its poll fails, nothing is decided, and it exits 1, not 0 (a cron job sees it)."""
+def _nowhere_env(tmp_path: Path) -> dict:
+    """The environment of a daemon whose slurm.conf names a controller nobody runs (port 1:
+    each squeue takes about 9 s to give up)."""
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=1\n"
                     "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("MALLEABLE_TEST_CRASH_AT", "MALLEABLE_CONFIG", "MALLEABLE_DATABASE_URL")}
     env["SLURM_CONF"] = str(conf)
-    daemon = DaemonProcess(write_config(tmp_path), tmp_path / "daemon.log", env)
+    return env
+
+
+def test_once_exits_1_when_slurm_does_not_answer(tmp_path):
+    """``daemon --once`` against a controller nobody runs (a slurm.conf naming port 1):
+    its poll fails, nothing is decided, and it exits 1, not 0 (a cron job sees it)."""
+    daemon = DaemonProcess(write_config(tmp_path), tmp_path / "daemon.log",
+                           _nowhere_env(tmp_path))
     daemon.start("--once", ready=False)
     assert daemon.wait_exit(120) == 1, daemon.text()
     assert "--once: Slurm did not answer the poll; nothing was decided" in daemon.text()
@@ -155,5 +164,33 @@ def test_once_exits_1_when_slurm_does_not_answer(tmp_path):
     try:
         with st.sessions() as s:
             assert store.latest_decision(s) is None
+    finally:
+        st.close()
+
+
+def test_sigterm_while_slurm_does_not_answer_at_start_stops_the_daemon(tmp_path):
+    """SIGTERM during the start-up reads, while Slurm does not answer (retries with
+    back-off): the daemon stops after the Slurm call in progress and gives the lease
+    back. It used to go on into its scheduler, which the stop had not reached, and hang
+    until SIGKILL, withholding its heartbeat (a stale lease)."""
+    daemon = DaemonProcess(write_config(tmp_path, retries=3), tmp_path / "daemon.log",
+                           _nowhere_env(tmp_path))
+    daemon.start()
+    try:
+        time.sleep(2)
+        t0 = time.monotonic()
+        assert daemon.stop(timeout=60) == 0, daemon.text()
+        # The call in progress (~9 s) ends it: no more retries, no start-up poll.
+        assert time.monotonic() - t0 < 30, daemon.text()
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+    text = daemon.text()
+    assert "stop requested" in text and "stopped; lease of" in text, text
+    assert "the daemon is stopping: no more retries" in text, text
+    st = store_of(tmp_path)
+    try:
+        with st.sessions() as s:
+            assert s.scalar(select(Lease.holder)) is None
     finally:
         st.close()

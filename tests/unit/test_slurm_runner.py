@@ -53,6 +53,17 @@ def test_timeout_is_unavailable_and_retried():
     assert r.rpc_count == 2 and waits == [0.01]
 
 
+def test_a_timeout_names_what_the_command_said_before_it_was_killed():
+    """squeue with a missing slurm.conf retries for 60 s itself, saying why on stderr;
+    the timeout message carries that line."""
+    r, _ = runner(timeout_s=1.0, max_retries=0)
+    script = ("import sys, time; sys.stderr.write('squeue: error: s_p_parse_file: cannot stat "
+              "file /nonexistent\\n\\n'); sys.stderr.flush(); time.sleep(30)")
+    with pytest.raises(SlurmUnavailable, match=r"timed out after 1 s \(its last message: "
+                       r"squeue: error: s_p_parse_file: cannot stat file /nonexistent\)"):
+        r.run([PY, "-c", script])
+
+
 def test_a_change_that_may_have_happened_is_not_retried():
     r, waits = runner()
     # A timeout or an unexpected reply may hide an applied requeue: one attempt only.
