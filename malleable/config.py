@@ -129,7 +129,8 @@ def check_database_url(key: str, value: str) -> str:
 
     Accepted: an SQLAlchemy URL whose backend is one of `SUPPORTED_DATABASE_BACKENDS`;
     for SQLite, the database file as an absolute path (``sqlite:////ABS/PATH``, four
-    slashes) or in memory (``sqlite://``). A password never appears in the message.
+    slashes, no query parameters) or in memory (``sqlite://``). A password never
+    appears in the message.
 
     Raises:
         ConfigError: ``KEY = URL: expected ...`` (one line).
@@ -149,6 +150,14 @@ def check_database_url(key: str, value: str) -> str:
     if backend not in SUPPORTED_DATABASE_BACKENDS:
         raise ConfigError(f"{key} = {shown!r}: database backend {backend!r} is not supported "
                           f"(expected {' or '.join(SUPPORTED_DATABASE_BACKENDS)}: {example})")
+    if backend == "sqlite" and u.query:
+        # SQLAlchemy passes them to sqlite3.connect: `mode=ro` without `uri=true` is taken
+        # as part of the file name, `timeout=abc` is a traceback; malleable sets its own
+        # options (WAL, the busy timeout) on every connection.
+        given = "&".join(f"{k}={v}" for k, v in u.query.items())
+        raise ConfigError(f"{key} = {shown!r}: query parameters (?{given}) are not supported "
+                          f"in an SQLite URL (malleable sets the connection's options itself): "
+                          f"expected sqlite:////ABS/PATH.db")
     db = u.database or ""
     target = db[len("file:"):] if db.startswith("file:") else db
     in_memory = target in ("", ":memory:") or u.query.get("mode") == "memory"
@@ -165,7 +174,8 @@ class DatabaseConfig:
 
     url: str = _f("sqlite:////var/lib/malleable/malleable.db",
                   "SQLAlchemy URL; sqlite:////ABS/PATH (default; four slashes) or postgresql+psycopg://...",
-                  note="backend sqlite or postgresql; an SQLite file by its absolute path",
+                  note="backend sqlite or postgresql; an SQLite file by its absolute path, "
+                       "without query parameters",
                   check=check_database_url)
     busy_timeout_ms: int = _f(30000, "SQLite busy_timeout: how long a writer waits for a lock, "
                               "ms", ge=0, le=3_600_000, note="1 hour; 0: no wait")

@@ -256,7 +256,13 @@ def test_upgrade_to_base_is_older_and_points_to_downgrade(engine):
 @pytest.mark.parametrize("url, message", [
     ("notaurl", "expected an SQLAlchemy URL"),
     ("", "expected an SQLAlchemy URL"),
-    ("sqlite:///rel.db", "expected the SQLite file as an absolute path")])
+    ("sqlite:///rel.db", "expected the SQLite file as an absolute path"),
+    # (mode=ro without uri=true made a file named 'c.db?mode=ro', mode 0644; timeout=abc
+    # was a traceback)
+    ("sqlite:////tmp/x/c.db?mode=ro&uri=true", "query parameters (?mode=ro&uri=true) are "
+     "not supported in an SQLite URL"),
+    ("sqlite:////tmp/x/c.db?timeout=abc", "query parameters (?timeout=abc) are not "
+     "supported in an SQLite URL")])
 @pytest.mark.parametrize("command", [["upgrade"], ["current"], ["downgrade", "base"]])
 def test_db_commands_check_database_url_like_the_config(tmp_path, monkeypatch, url, message,
                                                         command):
