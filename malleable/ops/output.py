@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
+from sqlalchemy.exc import DBAPIError
 
 from malleable.clitypes import one_line
 from malleable.config import ConfigError
@@ -67,7 +68,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a click callback: known errors become one line on stderr and an exit code.
 
     `OpsError` -> its ``code``; `ConfigError`, `StoreError` -> 2 (an unusable
-    configuration or database is bad input, as in ``malleable db``);
+    configuration or database is bad input, as in ``malleable db``), and so is a
+    database error of a statement (`sqlalchemy.exc.DBAPIError`: a damaged store);
     `SlurmError` -> 1 (the operation failed).
     """
 
@@ -81,6 +83,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), 2)
         except SlurmError as exc:
             fail(f"Slurm: {exc}", 1)
+        except DBAPIError as exc:   # e.g. a table missing from a store at head revision
+            cause = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() \
+                else type(exc.orig).__name__
+            fail(f"the state store could not be read: {cause} (a damaged store, or one this "
+                 f"malleable did not make: `malleable db current` names its revision)", 2)
         return None
 
     return wrapper

@@ -601,3 +601,16 @@ def test_fail_puts_a_multi_line_message_on_one_line():
     r = CliRunner().invoke(probe, [])
     one_line_error(r, 1, "probe: error: Slurm did not answer (squeue: error: one; "
                          "squeue: error: two; squeue: fatal: x)")
+
+
+def test_a_store_missing_a_table_is_one_error_line_not_a_traceback(run, built, tmp_path):
+    """A store at head revision whose actions table was dropped (by hand, or a store this
+    malleable did not make): `actions` printed SQLAlchemy's traceback, exit 1."""
+    import sqlite3
+
+    path = built.url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE actions")
+    one_line_error(run("actions"), 2, "malleable actions: error: the state store could not be "
+                   "read: no such table: actions (a damaged store, or one this malleable did "
+                   "not make: `malleable db current` names its revision)")
