@@ -44,7 +44,8 @@ class ConfigError(ValueError):
 
 DAY_S = 86400.0
 SUPPORTED_DATABASE_BACKENDS = ("sqlite", "postgresql")
-_ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})$")
+# A host is a name or an IPv4 address (letters, digits, '.', '-', '_'), or IPv6 in [].
+_ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]*)):(?P<port>\d{1,5})$")
 
 
 def _num(v: float) -> str:

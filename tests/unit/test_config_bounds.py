@@ -46,6 +46,9 @@ FINDINGS = [
     ("metrics", "address", "localhost", "metrics.address = 'localhost': expected host:port"),
     ("metrics", "address", "127.0.0.1:99999",
      "metrics.address = '127.0.0.1:99999': expected host:port"),
+    # (passed every check; only the daemon's bind failed, after it took the lease)
+    ("metrics", "address", "bad host:9464",
+     "metrics.address = 'bad host:9464': expected host:port"),
     ("database", "url", "mysql://x",
      "database.url = 'mysql://x': database backend 'mysql' is not supported"),
     ("database", "url", "sqlite:///relative.db",
