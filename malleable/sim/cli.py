@@ -129,8 +129,10 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--oracle-work/--no-oracle-work", default=None,
               help="Jobs declare their true total work [default: optimus only].")
 @click.option("--config", "config_path", metavar="PATH", default=None,
-              help="TOML with daemon settings ([daemon], [policy], ...) for every run; "
-                   "its [policy] params are those of its [policy] name (default: default). "
+              help="TOML with daemon settings ([daemon], [policy], ...) for every run. "
+                   "Its [policy] name is the policy when --policy is not given (one of the "
+                   "two is needed); its [policy] params apply only to the runs of that "
+                   "policy (a [policy] without a name: the \"default\" policy's). "
                    "Without it every run uses the defaults: $MALLEABLE_CONFIG and "
                    "/etc/malleable/malleable.toml are not read, so a simulation does not "
                    "depend on this machine's daemon settings.")
