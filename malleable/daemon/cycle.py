@@ -58,7 +58,7 @@ from malleable.daemon.estimates import (
     json_floats,
 )
 from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
-from malleable.daemon.inputs import InputsCache, PolicyInputs, build_inputs
+from malleable.daemon.inputs import InputsCache, PolicyInputs, build_inputs, placement_of
 from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
 from malleable.daemon.shapes import Shape
@@ -214,6 +214,8 @@ class Daemon:
         self._unread: set[int] = set()   # jobs.id of files a read left bytes in
         self._pending_writers: list[int] = []
         self._read_all = False
+        # Slurm id -> why the last apply left the job alone (its log line's level).
+        self._skips_said: dict[str, str] = {}
         # The unfinished jobs' rows as this daemon last wrote them (it is their only
         # writer): a poll reads from the store only the jobs not kept here. When they
         # were last committed (older than the lease timeout: another daemon may have
@@ -581,15 +583,20 @@ class Daemon:
             runs = reporting_runs(s, ids)
             in_flight = sum(1 for a in unfinished if a.kind == "requeue")
         views, targets = [], []
+        pool = dict(inputs.free_by_node)   # less the managed jobs' GPUs where they run
         for i, j in enumerate(jobs):
             sj = self.observed[j.slurm_job_id]
             spec = j.spec or {}
             shape = Shape(max(sj.node_count, 1 if sj.gpus else 0),
                           sj.gpus_per_node or sj.gpus)
+            placement = placement_of(sj)
+            for node, k in placement:
+                if node in pool:
+                    pool[node] -= k
             views.append(JobView(
                 job_id=j.slurm_job_id, state=sj.state, shape=shape, held=sj.held,
                 held_by_daemon=j.id in held, shrink_inplace=bool(spec.get("shrink_inplace")),
-                busy=j.id in busy,
+                busy=j.id in busy, placement=placement,
                 # Not ready to checkpoint until it has logged progress in this run.
                 requeue_blocked=(j.id in backoff or not sj.requeueable or not sj.batch
                                  or (sj.state == JobState.RUNNING
@@ -611,10 +618,16 @@ class Daemon:
         free = max(0, inputs.capacity.total - running_malleable)
         planned, skipped = plan_actions(views, targets, gpus_per_node=g, free_gpus=free,
                                         requeues_in_flight=in_flight,
-                                        max_requeues=self.config.daemon.max_concurrent_requeues)
+                                        max_requeues=self.config.daemon.max_concurrent_requeues,
+                                        free_by_node=pool)
         report.planned, report.skipped = planned, skipped
+        # A reason is logged at info when it is new for the job (e.g. no node has room
+        # for its target, cycle after cycle), then at debug while it stays.
+        said, self._skips_said = self._skips_said, {}
         for sk in skipped:
-            job_logger(log, sk.job_id).debug("left alone this cycle: %s", sk.reason)
+            level = logging.DEBUG if said.get(sk.job_id) == sk.reason else logging.INFO
+            job_logger(log, sk.job_id).log(level, "left alone this cycle: %s", sk.reason)
+            self._skips_said[sk.job_id] = sk.reason
         for p in planned:
             job_logger(log, p.job_id).info("plan: %s %d -> %d GPUs (%s)%s", p.kind.value,
                                            p.from_gpus, p.to_gpus, p.reason,

@@ -56,6 +56,8 @@ class PolicyInputs:
         queued: the waiting jobs beyond the queue depth (`split_queue`), oldest first:
             rows as ``jobs``, not allocated (also in ``excluded``); the daemon keeps
             them held.
+        free_by_node: node name -> GPUs malleable jobs may use there (``capacity``'s
+            ``free_per_node`` by name, same order), for the reconciler's placement.
     """
 
     jobs: list[Job]
@@ -66,6 +68,7 @@ class PolicyInputs:
     excluded: dict[str, str] = field(default_factory=dict)
     digest: str = ""
     queued: list[Job] = field(default_factory=list)
+    free_by_node: dict[str, int] = field(default_factory=dict)
 
 
 def cluster_gpus_per_node(nodes: Sequence[SlurmNode]) -> int:
@@ -120,6 +123,22 @@ def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
     return kept, queued
 
 
+def placement_of(sj: SlurmJob) -> tuple[tuple[str, int], ...]:
+    """A running job's GPUs per node, ((node name, GPUs), ...) in its node list's order:
+    its GPUs per node on each node of ``sj.nodes``; () when it has no node list or an
+    unreadable one (logged)."""
+    if sj.state != JobState.RUNNING or sj.gpus <= 0 or not sj.nodes:
+        return ()
+    try:
+        names = expand_hostlist(sj.nodes)
+    except HostlistError as exc:
+        log.warning("job %s: node list %r unreadable (%s); its GPUs are not counted",
+                    sj.job_id, sj.nodes, exc, extra={"job": sj.job_id})
+        return ()
+    per = sj.gpus_per_node or (sj.gpus // max(len(names), 1))
+    return tuple((n, per) for n in names)
+
+
 def node_usage(observed: Iterable[SlurmJob], skip: set[str]) -> dict[str, int]:
     """GPUs in use per node by running jobs not in ``skip`` (the managed ones).
 
@@ -128,16 +147,9 @@ def node_usage(observed: Iterable[SlurmJob], skip: set[str]) -> dict[str, int]:
     """
     used: dict[str, int] = {}
     for sj in observed:
-        if sj.state != JobState.RUNNING or sj.job_id in skip or sj.gpus <= 0:
+        if sj.job_id in skip:
             continue
-        try:
-            names = expand_hostlist(sj.nodes) if sj.nodes else []
-        except HostlistError as exc:
-            log.warning("job %s: node list %r unreadable (%s); its GPUs are not counted",
-                        sj.job_id, sj.nodes, exc, extra={"job": sj.job_id})
-            continue
-        per = sj.gpus_per_node or (sj.gpus // max(len(names), 1))
-        for n in names:
+        for n, per in placement_of(sj):
             used[n] = used.get(n, 0) + per
     return used
 
@@ -156,15 +168,25 @@ def capacity_for(nodes: Sequence[SlurmNode], observed: Iterable[SlurmJob], manag
         `Capacity` with ``gpus_per_node`` g and ``free_per_node`` (N,) in [0, g].
     """
     g = cluster_gpus_per_node(nodes)
+    free = pool_by_node(nodes, observed, managed_ids, partitions)
+    return Capacity(gpus_per_node=max(g, 1),
+                    free_per_node=np.array(list(free.values()), dtype=np.int64))
+
+
+def pool_by_node(nodes: Sequence[SlurmNode], observed: Iterable[SlurmJob],
+                 managed_ids: set[str], partitions: Sequence[str]) -> dict[str, int]:
+    """`capacity_for`'s free GPUs per node by node name, in name order (usable nodes of
+    the managed partitions; the GPUs of the jobs in ``managed_ids`` count as free)."""
+    g = cluster_gpus_per_node(nodes)
     used = node_usage(observed, managed_ids)
-    free = []
+    free: dict[str, int] = {}
     for n in sorted(nodes, key=lambda n: n.name):
         if not n.usable or n.gpus <= 0:
             continue
         if partitions and not (set(n.partitions) & set(partitions)):
             continue
-        free.append(max(0, min(n.gpus, g) - used.get(n.name, 0)))
-    return Capacity(gpus_per_node=max(g, 1), free_per_node=np.array(free, dtype=np.int64))
+        free[n.name] = max(0, min(n.gpus, g) - used.get(n.name, 0))
+    return free
 
 
 # Built once (building a statement costs more than running it); IN lists expand at run time.
@@ -328,7 +350,9 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
         log.debug("left out of this cycle: %s", why, extra={"job": sid})
 
     managed_ids = {j.slurm_job_id for j in jobs}
-    capacity = capacity_for(nodes, observed.values(), managed_ids, partitions)
+    free_by_node = pool_by_node(nodes, observed.values(), managed_ids, partitions)
+    capacity = Capacity(gpus_per_node=max(cluster_gpus_per_node(nodes), 1),
+                        free_per_node=np.array(list(free_by_node.values()), dtype=np.int64))
     g = capacity.gpus_per_node
     est, table = book.run(s, jobs, g, capacity.total)
 
@@ -374,4 +398,4 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
                 np.round(table.goodput, 6), np.round(table.remaining_work, 3)):
         digest.update(np.ascontiguousarray(arr).tobytes())
     return PolicyInputs(jobs, jobset, capacity, context, est, excluded, digest.hexdigest()[:32],
-                        queued)
+                        queued, free_by_node)

@@ -19,6 +19,12 @@ Rules (issue 8, item 2):
 * running job, larger target: checkpoint-requeue at the new size (Slurm cannot
   grow a running job), only when the GPUs it needs are free or being freed by
   this plan;
+* with the free GPUs per node (``free_by_node``), a job is released or
+  requeued only to a shape that fits on the nodes as they will be: the jobs that
+  keep running stay where they are (the policy's own packing may move them), a
+  requeued job's nodes are free again, and an in-place shrink gives back its last
+  nodes. A grow or an admission that does not fit is skipped (the job keeps its
+  size, or stays held) rather than left pending in Slurm for GPUs no node has;
 * shrinks and preemptions first, then admissions and grows, in plan order;
 * at most ``max_requeues`` checkpoint-requeues in flight at once;
 * rigid and unmanaged jobs never appear here: the caller passes only malleable jobs.
@@ -57,6 +63,8 @@ class JobView:
         busy: an action for this job is still in flight.
         requeue_blocked: the job may not be requeued now (backed off after a
             failed checkpoint, not requeueable, or not a batch job).
+        placement: a running job's GPUs per node, ((node name, GPUs), ...) in its
+            node list's order; () when pending or unknown.
     """
 
     job_id: str
@@ -67,10 +75,54 @@ class JobView:
     shrink_inplace: bool = False
     busy: bool = False
     requeue_blocked: bool = False
+    placement: tuple[tuple[str, int], ...] = ()
 
     @property
     def gpus(self) -> int:
         return self.shape.gpus
+
+
+class NodePool:
+    """Free GPUs per node of the malleable pool, as the planned actions change them.
+
+    Args:
+        free: node name -> GPUs no job holds there now (>= 0).
+
+    Source: best fit for bin packing (Johnson et al., SIAM J. Comput. 1974), as the
+    policies' `malleable.policies.feasibility.Packer`.
+    """
+
+    def __init__(self, free: Mapping[str, int]) -> None:
+        self.free = {n: int(f) for n, f in free.items()}
+
+    def give(self, placement: Iterable[tuple[str, int]]) -> None:
+        """GPUs a job releases (nodes outside the pool are ignored)."""
+        for node, k in placement:
+            if node in self.free:
+                self.free[node] += k
+
+    def take(self, placement: Iterable[tuple[str, int]]) -> None:
+        """GPUs a job holds from now on (nodes outside the pool are ignored)."""
+        for node, k in placement:
+            if node in self.free:
+                self.free[node] -= k
+
+    def fit(self, shape: Shape) -> tuple[tuple[str, int], ...] | None:
+        """Where ``shape`` would go: ``shape.nodes`` nodes with at least
+        ``shape.gpus_per_node`` free GPUs each, the fullest first (best fit, then by
+        name); None if there are not enough."""
+        k = shape.gpus_per_node
+        nodes = sorted((f, n) for n, f in self.free.items() if f >= k)
+        if len(nodes) < shape.nodes:
+            return None
+        return tuple((n, k) for _, n in nodes[:shape.nodes])
+
+    def describe(self, shape: Shape) -> str:
+        """Why ``shape`` does not fit, for the skip reason."""
+        room = sum(1 for f in self.free.values() if f >= shape.gpus_per_node)
+        most = max(self.free.values(), default=0)
+        return (f"no placement: needs {shape.nodes} node(s) with {shape.gpus_per_node} free "
+                f"GPUs, {room} have them (most free on one node: {most})")
 
 
 @dataclass(frozen=True)
@@ -116,6 +168,7 @@ class Skipped:
 
 def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_per_node: int,
                  free_gpus: int, requeues_in_flight: int = 0, max_requeues: int = 4,
+                 free_by_node: Mapping[str, int] | None = None,
                  ) -> tuple[list[PlannedAction], list[Skipped]]:
     """Actions that move the observed malleable jobs toward the plan.
 
@@ -128,6 +181,9 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
         free_gpus: GPUs of the malleable pool that no job holds now.
         requeues_in_flight: checkpoint-requeues already under way.
         max_requeues: cap on checkpoint-requeues in flight at once.
+        free_by_node: node name -> GPUs of the malleable pool no job holds there now;
+            with it, releases and requeues are also placed node by node (see the
+            module doc; running jobs need their ``placement``). None: GPU counts only.
 
     Returns:
         (actions in execution order: frees first, then admissions and grows;
@@ -138,11 +194,14 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
     """
     by_id: Mapping[str, JobView] = {v.job_id: v for v in views}
     frees: list[PlannedAction] = []
-    # (action or None, GPUs it needs from the budget, whether it waits for them)
-    takes: list[tuple[PlannedAction | None, int, bool]] = []
+    # (action or None, GPUs it needs from the budget, whether it waits for them, the
+    # shape it starts at)
+    takes: list[tuple[PlannedAction | None, int, bool, Shape]] = []
     skipped: list[Skipped] = []
+    grows: dict[str, tuple[tuple[str, int], ...]] = {}   # a grow's current placement
     budget = int(free_gpus)
     requeue_slots = max(0, max_requeues - requeues_in_flight)
+    pool = NodePool(free_by_node) if free_by_node is not None else None
 
     for t in targets:
         v = by_id.get(t.job_id)
@@ -168,7 +227,7 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
                                       t.batch, t.reason or "admitted")
             # An unheld pending job competes for GPUs whatever we do: resizing it is
             # never gated, but it uses up budget. Releasing a held one is gated.
-            takes.append((admit, t.gpus, v.held))
+            takes.append((admit, t.gpus, v.held, shape))
             continue
         if v.state != JobState.RUNNING:
             continue
@@ -179,6 +238,8 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
             frees.append(PlannedAction(v.job_id, ActionKind.SHRINK, c, t.gpus, shape, t.batch,
                                        t.reason or "shrink in place"))
             budget += c - t.gpus
+            if pool is not None:   # Slurm keeps the first nodes of the list
+                pool.give(v.placement[shape.nodes:])
             continue
         if v.requeue_blocked:
             skipped.append(Skipped(v.job_id, "requeue backed off or not allowed"))
@@ -187,29 +248,55 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
             if requeue_slots == 0:
                 skipped.append(Skipped(v.job_id, "requeue cap reached"))
                 continue
+            if pool is not None and shape is not None:
+                # It restarts at the smaller shape: on its own nodes, or elsewhere.
+                pool.give(v.placement)
+                where = pool.fit(shape)
+                if where is None:
+                    skipped.append(Skipped(v.job_id, pool.describe(shape)))
+                    pool.take(v.placement)
+                    continue
+                pool.take(where)
+            elif pool is not None:
+                pool.give(v.placement)
             requeue_slots -= 1
             frees.append(PlannedAction(v.job_id, ActionKind.REQUEUE, c, t.gpus, shape, t.batch,
                                        t.reason or ("preempt" if t.gpus == 0 else "shrink")))
             budget += c - t.gpus
         else:
             takes.append((PlannedAction(v.job_id, ActionKind.REQUEUE, c, t.gpus, shape, t.batch,
-                                        t.reason or "grow"), t.gpus - c, True))
+                                        t.reason or "grow"), t.gpus - c, True, shape))
+            if pool is not None:
+                grows[v.job_id] = v.placement
 
     admitted: list[PlannedAction] = []
-    for action, need, gated in takes:
+    for action, need, gated, start in takes:
         if not gated:
             budget = max(0, budget - need)
             if action is not None:
                 admitted.append(action)
+            # It competes for GPUs whatever we do: where it would start is taken.
+            where = pool.fit(start) if pool is not None else None
+            if where is not None:
+                pool.take(where)
             continue
         is_requeue = action.kind == ActionKind.REQUEUE
         if need > budget:
             skipped.append(Skipped(action.job_id, f"needs {need} GPUs, {budget} free"))
             continue
-        if is_requeue:
-            if requeue_slots == 0:
-                skipped.append(Skipped(action.job_id, "requeue cap reached"))
+        if is_requeue and requeue_slots == 0:
+            skipped.append(Skipped(action.job_id, "requeue cap reached"))
+            continue
+        if pool is not None:
+            own = grows.get(action.job_id, ())
+            pool.give(own)               # a requeued job's own GPUs are free again
+            where = pool.fit(action.to_shape)
+            if where is None:
+                pool.take(own)
+                skipped.append(Skipped(action.job_id, pool.describe(action.to_shape)))
                 continue
+            pool.take(where)
+        if is_requeue:
             requeue_slots -= 1
         budget -= need
         admitted.append(action)

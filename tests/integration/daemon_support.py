@@ -159,10 +159,11 @@ def job_env(tmp: Path, job_args: str = EMULATED_ARGS) -> tuple[tuple[str, str], 
 
 
 def sbatch(h, tmp: Path, script: Path, *, nodes: int, gpus_per_node: int, comment: str = "",
-           env: tuple = (), name: str = "") -> str:
-    """Submit ``script`` with sbatch (no shell); returns the job id."""
+           env: tuple = (), name: str = "", extra: tuple = ()) -> str:
+    """Submit ``script`` with sbatch (no shell; ``extra``: more sbatch options); returns
+    the job id."""
     argv = ["sbatch", "--parsable", f"--nodes={nodes}", f"--gres=gpu:{gpus_per_node}",
-            f"--output={tmp}/job-%j.out", f"--chdir={tmp}", "--requeue"]
+            f"--output={tmp}/job-%j.out", f"--chdir={tmp}", "--requeue", *extra]
     if comment:
         argv.append(f"--comment={comment}")
     if name:
@@ -174,17 +175,19 @@ def sbatch(h, tmp: Path, script: Path, *, nodes: int, gpus_per_node: int, commen
 
 
 def submit_emulated(h, tmp: Path, spec: str, *, nodes: int, gpus_per_node: int,
-                    job_args: str = "") -> str:
+                    job_args: str = "", extra: tuple = ()) -> str:
     """An emulated malleable job with the spec ``malleable:<spec>,<SPEC_TAIL>``."""
     return sbatch(h, tmp, EXAMPLES / "emulated_job.sbatch", nodes=nodes,
                   gpus_per_node=gpus_per_node, comment=f"malleable:{spec},{SPEC_TAIL}",
-                  env=job_env(tmp, f"{EMULATED_ARGS} {job_args}".strip()), name="emulated")
+                  env=job_env(tmp, f"{EMULATED_ARGS} {job_args}".strip()), name="emulated",
+                  extra=extra)
 
 
-def submit_rigid(h, tmp: Path, *, nodes: int = 1, gpus_per_node: int = 4) -> str:
+def submit_rigid(h, tmp: Path, *, nodes: int = 1, gpus_per_node: int = 4,
+                 extra: tuple = ()) -> str:
     """A rigid job (no spec): sleeps."""
     return sbatch(h, tmp, JOBS / "rigid.sbatch", nodes=nodes, gpus_per_node=gpus_per_node,
-                  name="rigid")
+                  name="rigid", extra=extra)
 
 
 def squeue(h) -> dict[str, SlurmJob]:

@@ -103,3 +103,39 @@ def test_equi_resizes_the_malleable_jobs_and_never_touches_the_rigid_one(slurm, 
         assert run1 and run1[0]["event"] == "started" and run1[0]["step"] == ck[0]["step"]
         assert all(x["gpus"] == 4 for x in run1)
     store.close()
+
+
+def test_a_grow_no_node_can_hold_is_not_requeued(slurm, tmp_path):
+    """Found on the harness by a new user: node1 has 2 GPUs for malleable jobs and node2
+    4 (rigid jobs hold the rest); A runs on 2 of node2 at its fixed size, B on 1 of
+    node1. `equi` gives B 4 GPUs (one node), which the policy packs by moving A to
+    node1; but A keeps its size, so it stays, and no node has 4 GPUs for B. B was
+    checkpointed and requeued, then pended in Slurm (Resources) while its GPUs sat idle.
+    Now the daemon leaves B running at its size and says why."""
+    rigid = [submit_rigid(slurm, tmp_path, nodes=1, gpus_per_node=g, extra=(f"--nodelist={n}",))
+             for n, g in (("node1", 2), ("node3", 4), ("node4", 4))]
+    wait_running(slurm, rigid)
+    a = submit_emulated(slurm, tmp_path, "gpus=2-2", nodes=1, gpus_per_node=2,
+                        extra=("--nodelist=node2",))
+    b = submit_emulated(slurm, tmp_path, "gpus=1-4", nodes=1, gpus_per_node=1,
+                        extra=("--nodelist=node1",))
+    wait_running(slurm, [a, b])
+    daemon = DaemonProcess(write_config(tmp_path, decide=2), tmp_path / "daemon.log",
+                           environ_for(slurm))
+    daemon.start()
+    try:
+        daemon.wait_log(rf"job={b} \S+: left alone this cycle: no placement: needs 1 node\(s\) "
+                        rf"with 4 free GPUs", timeout=60)
+        for _ in range(2):   # two more decisions: still nothing done to B
+            daemon.wait_log(r"decide cycle: ", since=daemon.size(), timeout=30)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    jobs = squeue(slurm)
+    assert (jobs[b].state.value, jobs[b].gpus, jobs[b].restart_count) == ("RUNNING", 1, 0)
+    assert (jobs[a].state.value, jobs[a].gpus) == ("RUNNING", 2)
+    store = store_of(tmp_path)
+    try:
+        assert store.actions() == []
+    finally:
+        store.close()

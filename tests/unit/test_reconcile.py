@@ -101,3 +101,71 @@ def test_no_action_when_plan_matches_and_unknown_jobs_ignored():
     actions, skipped = plan_actions(views, [Target("1", 4), Target("2", 2), Target("9", 4)],
                                     gpus_per_node=4, free_gpus=2)
     assert actions == [] and skipped == []
+
+
+# ---------------------------------------------------------------- placement node by node
+
+
+def test_a_grow_no_node_can_hold_is_skipped_not_requeued():
+    """2 nodes x 4 GPUs: A runs on 2 GPUs of n1, a rigid job on 2 of n2, B on 1 of n2.
+    The policy's packing may move A to make room, but A keeps its size, so it stays:
+    B at 4 GPUs (one node) has no node. By GPU count alone (3 free with B's own) it was
+    requeued and pended in Slurm until the rigid job ended (found on the harness)."""
+    views = [JobView("A", R, Shape(1, 2), placement=(("n1", 2),)),
+             JobView("B", R, Shape(1, 1), placement=(("n2", 1),))]
+    targets = [Target("A", 2), Target("B", 4)]
+    pool = {"n1": 2, "n2": 1}   # the malleable pool (n1 4, n2 2) less A and B where they run
+    actions, skipped = plan_actions(views, targets, gpus_per_node=4, free_gpus=3,
+                                    free_by_node=pool)
+    assert actions == []
+    assert [(s.job_id, s.reason) for s in skipped] == [
+        ("B", "no placement: needs 1 node(s) with 4 free GPUs, 0 have them (most free on "
+              "one node: 2)")]
+    # Without the node list: GPU counts only, as before.
+    actions, _ = plan_actions(views, targets, gpus_per_node=4, free_gpus=3)
+    assert kinds(actions) == [("B", ActionKind.REQUEUE, 4)]
+    # A leaves n1: B fits there, with its own GPU on n2 given back.
+    actions, skipped = plan_actions(views, [Target("A", 0), Target("B", 4)], gpus_per_node=4,
+                                    free_gpus=3, free_by_node=pool)
+    assert kinds(actions) == [("A", ActionKind.REQUEUE, 0), ("B", ActionKind.REQUEUE, 4)]
+    assert skipped == []
+
+
+def test_placement_of_admissions_multi_node_shapes_and_in_place_shrinks():
+    # n1, n2 half free, n3 and n4 held by "big" (2x4): 4 GPUs free, but no whole node.
+    pool = {"n1": 2, "n2": 2, "n3": 0, "n4": 0}
+    views = [JobView("big", R, Shape(2, 4), shrink_inplace=True,
+                     placement=(("n3", 4), ("n4", 4))),
+             JobView("new", P, Shape(1, 4), held=True, held_by_daemon=True)]
+    actions, skipped = plan_actions(views, [Target("big", 8), Target("new", 4)],
+                                    gpus_per_node=4, free_gpus=4, free_by_node=pool)
+    assert actions == [] and skipped[0].job_id == "new"
+    assert skipped[0].reason == ("no placement: needs 1 node(s) with 4 free GPUs, 0 have "
+                                 "them (most free on one node: 2)")
+    # big shrinks in place to one node: Slurm keeps n3 and gives back n4, where new fits.
+    actions, skipped = plan_actions(views, [Target("big", 4), Target("new", 4)],
+                                    gpus_per_node=4, free_gpus=4, free_by_node=pool)
+    assert kinds(actions) == [("big", ActionKind.SHRINK, 4), ("new", ActionKind.ADMIT, 4)]
+    assert skipped == []
+    # Two whole nodes for a 2x4 admission: n4 and ... none: it waits.
+    views[1] = JobView("new", P, Shape(2, 4), held=True, held_by_daemon=True)
+    actions, skipped = plan_actions(views, [Target("big", 4), Target("new", 8)],
+                                    gpus_per_node=4, free_gpus=4, free_by_node=pool)
+    assert kinds(actions) == [("big", ActionKind.SHRINK, 4)]
+    assert skipped[0].reason.startswith("no placement: needs 2 node(s) with 4 free GPUs, 1 ")
+    # A sub-node admission goes to the fullest node that has room (best fit).
+    views2 = [JobView("x", P, Shape(1, 2), held=True, held_by_daemon=True),
+              JobView("y", P, Shape(1, 3), held=True, held_by_daemon=True)]
+    actions, skipped = plan_actions(views2, [Target("x", 2), Target("y", 3)],
+                                    gpus_per_node=4, free_gpus=6,
+                                    free_by_node={"n1": 2, "n2": 4})
+    # (x on n1, the fullest with room, leaves n2 whole for y; on n2 it would block y.)
+    assert kinds(actions) == [("x", ActionKind.ADMIT, 2), ("y", ActionKind.ADMIT, 3)]
+
+
+def test_a_requeue_to_a_smaller_shape_that_fits_nowhere_is_skipped():
+    # 2x2 (two half nodes) down to 1x3: neither of its nodes has 3 once it leaves them.
+    views = [JobView("j", R, Shape(2, 2), placement=(("n1", 2), ("n2", 2)))]
+    actions, skipped = plan_actions(views, [Target("j", 3)], gpus_per_node=4, free_gpus=0,
+                                    free_by_node={"n1": 0, "n2": 0})
+    assert actions == [] and skipped[0].reason.startswith("no placement: needs 1 node(s) with 3")
