@@ -60,7 +60,14 @@ from malleable.daemon.estimates import (
 from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
 from malleable.daemon.inputs import InputsCache, PolicyInputs, build_inputs, placement_of
 from malleable.daemon.logs import job_logger, set_cycle
-from malleable.daemon.reconcile import ActionKind, JobView, PlannedAction, Target, plan_actions
+from malleable.daemon.reconcile import (
+    NO_PLACEMENT,
+    ActionKind,
+    JobView,
+    PlannedAction,
+    Target,
+    plan_actions,
+)
 from malleable.daemon.shapes import Shape
 from malleable.db import store
 from malleable.db.models import VANISHED, Job, JobEvent
@@ -616,18 +623,23 @@ class Daemon:
         # Plan order is the JobSet's (FIFO by arrival): earlier jobs get freed GPUs first.
         running_malleable = sum(v.gpus for v in views if v.state == JobState.RUNNING)
         free = max(0, inputs.capacity.total - running_malleable)
+        # Node by node only when every running job's nodes are known (else GPU counts).
+        known = all(v.placement or v.state != JobState.RUNNING or not v.gpus for v in views)
         planned, skipped = plan_actions(views, targets, gpus_per_node=g, free_gpus=free,
                                         requeues_in_flight=in_flight,
                                         max_requeues=self.config.daemon.max_concurrent_requeues,
-                                        free_by_node=pool)
+                                        free_by_node=pool if known else None)
         report.planned, report.skipped = planned, skipped
-        # A reason is logged at info when it is new for the job (e.g. no node has room
-        # for its target, cycle after cycle), then at debug while it stays.
+        # "No placement" (no node has room for the target, cycle after cycle) is logged
+        # at info when the job first gets it, then at debug while it stays; other
+        # reasons (an action in flight, the requeue cap) at debug.
         said, self._skips_said = self._skips_said, {}
         for sk in skipped:
-            level = logging.DEBUG if said.get(sk.job_id) == sk.reason else logging.INFO
-            job_logger(log, sk.job_id).log(level, "left alone this cycle: %s", sk.reason)
-            self._skips_said[sk.job_id] = sk.reason
+            new = sk.reason.startswith(NO_PLACEMENT) and sk.job_id not in said
+            job_logger(log, sk.job_id).log(logging.INFO if new else logging.DEBUG,
+                                           "left alone this cycle: %s", sk.reason)
+            if sk.reason.startswith(NO_PLACEMENT):
+                self._skips_said[sk.job_id] = sk.reason
         for p in planned:
             job_logger(log, p.job_id).info("plan: %s %d -> %d GPUs (%s)%s", p.kind.value,
                                            p.from_gpus, p.to_gpus, p.reason,

@@ -82,6 +82,10 @@ class JobView:
         return self.shape.gpus
 
 
+#: How a skip for want of a node with room starts (`NodePool.describe`).
+NO_PLACEMENT = "no placement"
+
+
 class NodePool:
     """Free GPUs per node of the malleable pool, as the planned actions change them.
 
@@ -121,7 +125,7 @@ class NodePool:
         """Why ``shape`` does not fit, for the skip reason."""
         room = sum(1 for f in self.free.values() if f >= shape.gpus_per_node)
         most = max(self.free.values(), default=0)
-        return (f"no placement: needs {shape.nodes} node(s) with {shape.gpus_per_node} free "
+        return (f"{NO_PLACEMENT}: needs {shape.nodes} node(s) with {shape.gpus_per_node} free "
                 f"GPUs, {room} have them (most free on one node: {most})")
 
 
@@ -199,6 +203,7 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
     takes: list[tuple[PlannedAction | None, int, bool, Shape]] = []
     skipped: list[Skipped] = []
     grows: dict[str, tuple[tuple[str, int], ...]] = {}   # a grow's current placement
+    restarts: list[tuple[PlannedAction, JobView]] = []   # requeues to a smaller shape
     budget = int(free_gpus)
     requeue_slots = max(0, max_requeues - requeues_in_flight)
     pool = NodePool(free_by_node) if free_by_node is not None else None
@@ -225,6 +230,12 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
             if v.shape != shape or v.held:
                 admit = PlannedAction(v.job_id, ActionKind.ADMIT, v.gpus, t.gpus, shape,
                                       t.batch, t.reason or "admitted")
+            if (admit is not None and not v.held and pool is not None
+                    and pool.fit(shape) is None):
+                # Not resized to a shape no node has room for: it pends as it is.
+                skipped.append(Skipped(v.job_id, pool.describe(shape)))
+                takes.append((None, v.gpus, False, v.shape))
+                continue
             # An unheld pending job competes for GPUs whatever we do: resizing it is
             # never gated, but it uses up budget. Releasing a held one is gated.
             takes.append((admit, t.gpus, v.held, shape))
@@ -248,26 +259,32 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
             if requeue_slots == 0:
                 skipped.append(Skipped(v.job_id, "requeue cap reached"))
                 continue
-            if pool is not None and shape is not None:
-                # It restarts at the smaller shape: on its own nodes, or elsewhere.
-                pool.give(v.placement)
-                where = pool.fit(shape)
-                if where is None:
-                    skipped.append(Skipped(v.job_id, pool.describe(shape)))
-                    pool.take(v.placement)
-                    continue
-                pool.take(where)
-            elif pool is not None:
-                pool.give(v.placement)
             requeue_slots -= 1
             frees.append(PlannedAction(v.job_id, ActionKind.REQUEUE, c, t.gpus, shape, t.batch,
                                        t.reason or ("preempt" if t.gpus == 0 else "shrink")))
             budget += c - t.gpus
+            if pool is not None:
+                pool.give(v.placement)
+                if shape is not None:   # it restarts at the smaller shape: placed below
+                    restarts.append((frees[-1], v))
         else:
             takes.append((PlannedAction(v.job_id, ActionKind.REQUEUE, c, t.gpus, shape, t.batch,
                                         t.reason or "grow"), t.gpus - c, True, shape))
             if pool is not None:
                 grows[v.job_id] = v.placement
+
+    # Smaller restarts, once every free of the plan is counted: on their own nodes or
+    # elsewhere; one that fits nowhere keeps running as it is.
+    for action, v in restarts:
+        where = pool.fit(action.to_shape)
+        if where is None:
+            skipped.append(Skipped(v.job_id, pool.describe(action.to_shape)))
+            frees.remove(action)
+            pool.take(v.placement)
+            requeue_slots += 1
+            budget -= action.from_gpus - action.to_gpus
+            continue
+        pool.take(where)
 
     admitted: list[PlannedAction] = []
     for action, need, gated, start in takes:

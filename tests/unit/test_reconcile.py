@@ -169,3 +169,36 @@ def test_a_requeue_to_a_smaller_shape_that_fits_nowhere_is_skipped():
     actions, skipped = plan_actions(views, [Target("j", 3)], gpus_per_node=4, free_gpus=0,
                                     free_by_node={"n1": 0, "n2": 0})
     assert actions == [] and skipped[0].reason.startswith("no placement: needs 1 node(s) with 3")
+
+
+def test_an_unheld_pending_job_is_not_resized_to_a_shape_no_node_has():
+    """(From the review.) Resizing an unheld pending job is not gated by GPU count, but
+    a shape no node can take would keep it pending: it stays at its shape."""
+    views = [JobView("p", P, Shape(1, 2))]
+    actions, skipped = plan_actions(views, [Target("p", 4)], gpus_per_node=4, free_gpus=4,
+                                    free_by_node={"n1": 2, "n2": 2})
+    assert actions == [] and skipped[0].reason.startswith("no placement: needs 1 node(s)")
+    # ... and it still counts where it will start: a held job cannot have that room.
+    views.append(JobView("h", P, Shape(1, 2), held=True, held_by_daemon=True))
+    actions, skipped = plan_actions(views, [Target("p", 4), Target("h", 2)], gpus_per_node=4,
+                                    free_gpus=4, free_by_node={"n1": 2, "n2": 2})
+    assert kinds(actions) == [("h", ActionKind.ADMIT, 2)]
+
+
+def test_a_smaller_restart_is_placed_after_every_free_of_the_plan():
+    """(From the review.) j (2x2 on n1, n2) restarts at 1x3; k leaving n3 makes room, in
+    whichever order the plan lists them."""
+    views = [JobView("j", R, Shape(2, 2), placement=(("n1", 2), ("n2", 2))),
+             JobView("k", R, Shape(1, 4), placement=(("n3", 4),))]
+    pool = {"n1": 0, "n2": 0, "n3": 0}
+    for order in (["j", "k"], ["k", "j"]):
+        targets = [Target("j", 3) if x == "j" else Target("k", 0) for x in order]
+        actions, skipped = plan_actions(views, targets, gpus_per_node=4, free_gpus=0,
+                                        free_by_node=pool)
+        assert sorted(kinds(actions)) == [("j", ActionKind.REQUEUE, 3),
+                                          ("k", ActionKind.REQUEUE, 0)], order
+        assert skipped == []
+    # Without k leaving, j keeps running as it is (its requeue slot is not used up).
+    actions, skipped = plan_actions(views, [Target("j", 3), Target("k", 4)], gpus_per_node=4,
+                                    free_gpus=0, free_by_node=pool, max_requeues=1)
+    assert actions == [] and skipped[0].job_id == "j"
