@@ -24,7 +24,9 @@ Rules (issue 8, item 2):
   keep running stay where they are (the policy's own packing may move them), a
   requeued job's nodes are free again, and an in-place shrink gives back its last
   nodes. A grow or an admission that does not fit is skipped (the job keeps its
-  size, or stays held) rather than left pending in Slurm for GPUs no node has;
+  size, or stays held) rather than left pending in Slurm for GPUs no node has.
+  An unheld pending job (it waits in Slurm's queue whatever the daemon does) is
+  still resized to its target, and waits there; its room is not reserved;
 * shrinks and preemptions first, then admissions and grows, in plan order;
 * at most ``max_requeues`` checkpoint-requeues in flight at once;
 * rigid and unmanaged jobs never appear here: the caller passes only malleable jobs.
@@ -230,12 +232,6 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
             if v.shape != shape or v.held:
                 admit = PlannedAction(v.job_id, ActionKind.ADMIT, v.gpus, t.gpus, shape,
                                       t.batch, t.reason or "admitted")
-            if (admit is not None and not v.held and pool is not None
-                    and pool.fit(shape) is None):
-                # Not resized to a shape no node has room for: it pends as it is.
-                skipped.append(Skipped(v.job_id, pool.describe(shape)))
-                takes.append((None, v.gpus, False, v.shape))
-                continue
             # An unheld pending job competes for GPUs whatever we do: resizing it is
             # never gated, but it uses up budget. Releasing a held one is gated.
             takes.append((admit, t.gpus, v.held, shape))
