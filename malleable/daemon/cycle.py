@@ -64,6 +64,7 @@ from malleable.daemon.reconcile import (
     NO_PLACEMENT,
     ActionKind,
     JobView,
+    NodePool,
     PlannedAction,
     Target,
     plan_actions,
@@ -221,8 +222,9 @@ class Daemon:
         self._unread: set[int] = set()   # jobs.id of files a read left bytes in
         self._pending_writers: list[int] = []
         self._read_all = False
-        # Slurm id -> why the last apply left the job alone (its log line's level).
-        self._skips_said: dict[str, str] = {}
+        # Slurm ids the last apply left alone for want of a node with room (the level
+        # of their "left alone" log line: info when new).
+        self._unplaced: set[str] = set()
         # The unfinished jobs' rows as this daemon last wrote them (it is their only
         # writer): a poll reads from the store only the jobs not kept here. When they
         # were last committed (older than the lease timeout: another daemon may have
@@ -590,16 +592,14 @@ class Daemon:
             runs = reporting_runs(s, ids)
             in_flight = sum(1 for a in unfinished if a.kind == "requeue")
         views, targets = [], []
-        pool = dict(inputs.free_by_node)   # less the managed jobs' GPUs where they run
+        pool = NodePool(inputs.free_by_node)   # less the managed jobs' GPUs where they run
         for i, j in enumerate(jobs):
             sj = self.observed[j.slurm_job_id]
             spec = j.spec or {}
             shape = Shape(max(sj.node_count, 1 if sj.gpus else 0),
                           sj.gpus_per_node or sj.gpus)
             placement = placement_of(sj)
-            for node, k in placement:
-                if node in pool:
-                    pool[node] -= k
+            pool.take(placement)
             views.append(JobView(
                 job_id=j.slurm_job_id, state=sj.state, shape=shape, held=sj.held,
                 held_by_daemon=j.id in held, shrink_inplace=bool(spec.get("shrink_inplace")),
@@ -628,18 +628,19 @@ class Daemon:
         planned, skipped = plan_actions(views, targets, gpus_per_node=g, free_gpus=free,
                                         requeues_in_flight=in_flight,
                                         max_requeues=self.config.daemon.max_concurrent_requeues,
-                                        free_by_node=pool if known else None)
+                                        free_by_node=pool.free if known else None)
         report.planned, report.skipped = planned, skipped
         # "No placement" (no node has room for the target, cycle after cycle) is logged
         # at info when the job first gets it, then at debug while it stays; other
         # reasons (an action in flight, the requeue cap) at debug.
-        said, self._skips_said = self._skips_said, {}
+        said, self._unplaced = self._unplaced, set()
         for sk in skipped:
-            new = sk.reason.startswith(NO_PLACEMENT) and sk.job_id not in said
-            job_logger(log, sk.job_id).log(logging.INFO if new else logging.DEBUG,
-                                           "left alone this cycle: %s", sk.reason)
-            if sk.reason.startswith(NO_PLACEMENT):
-                self._skips_said[sk.job_id] = sk.reason
+            unplaced = sk.reason.startswith(NO_PLACEMENT)
+            job_logger(log, sk.job_id).log(
+                logging.INFO if unplaced and sk.job_id not in said else logging.DEBUG,
+                "left alone this cycle: %s", sk.reason)
+            if unplaced:
+                self._unplaced.add(sk.job_id)
         for p in planned:
             job_logger(log, p.job_id).info("plan: %s %d -> %d GPUs (%s)%s", p.kind.value,
                                            p.from_gpus, p.to_gpus, p.reason,

@@ -154,29 +154,27 @@ def node_usage(observed: Iterable[SlurmJob], skip: set[str]) -> dict[str, int]:
     return used
 
 
-def capacity_for(nodes: Sequence[SlurmNode], observed: Iterable[SlurmJob], managed_ids: set[str],
-                 partitions: Sequence[str]) -> Capacity:
-    """Per node, GPUs malleable jobs may use (usable nodes of the managed partitions).
+def capacity_for(nodes: Sequence[SlurmNode], free_by_node: dict[str, int]) -> Capacity:
+    """The policy's `Capacity` from `pool_by_node`'s free GPUs per node.
 
     Args:
-        nodes: every node (`SlurmClient.nodes`).
-        observed: every job of this poll.
-        managed_ids: Slurm ids of the jobs the policy allocates (their GPUs count as free).
-        partitions: managed partitions; empty = every partition.
+        nodes: every node (`SlurmClient.nodes`): g is their most common GPU count.
+        free_by_node: node name -> GPUs malleable jobs may use there, in name order.
 
     Returns:
-        `Capacity` with ``gpus_per_node`` g and ``free_per_node`` (N,) in [0, g].
+        `Capacity` with ``gpus_per_node`` g and ``free_per_node`` (N,) in [0, g], in
+        ``free_by_node``'s order.
     """
-    g = cluster_gpus_per_node(nodes)
-    free = pool_by_node(nodes, observed, managed_ids, partitions)
-    return Capacity(gpus_per_node=max(g, 1),
-                    free_per_node=np.array(list(free.values()), dtype=np.int64))
+    return Capacity(gpus_per_node=max(cluster_gpus_per_node(nodes), 1),
+                    free_per_node=np.array(list(free_by_node.values()), dtype=np.int64))
 
 
 def pool_by_node(nodes: Sequence[SlurmNode], observed: Iterable[SlurmJob],
                  managed_ids: set[str], partitions: Sequence[str]) -> dict[str, int]:
-    """`capacity_for`'s free GPUs per node by node name, in name order (usable nodes of
-    the managed partitions; the GPUs of the jobs in ``managed_ids`` count as free)."""
+    """Per node, by name and in name order, GPUs malleable jobs may use: usable nodes of
+    the managed partitions (``partitions``; empty = every partition), a node's GPUs (at
+    most g) less those of the running jobs not in ``managed_ids`` (the jobs the policy
+    allocates: their GPUs count as free)."""
     g = cluster_gpus_per_node(nodes)
     used = node_usage(observed, managed_ids)
     free: dict[str, int] = {}
@@ -351,8 +349,7 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
 
     managed_ids = {j.slurm_job_id for j in jobs}
     free_by_node = pool_by_node(nodes, observed.values(), managed_ids, partitions)
-    capacity = Capacity(gpus_per_node=max(cluster_gpus_per_node(nodes), 1),
-                        free_per_node=np.array(list(free_by_node.values()), dtype=np.int64))
+    capacity = capacity_for(nodes, free_by_node)
     g = capacity.gpus_per_node
     est, table = book.run(s, jobs, g, capacity.total)
 
