@@ -6,7 +6,8 @@ per-run throughput, rejected lines by reason), its latest estimate, and the
 fitted speedup curve: the goodput at each GPU count the job may use,
 evaluated from the latest estimate's parameters by the estimators' own
 function (`malleable.ops.views.goodput_curve`). ``--plot PATH`` also draws
-the curve as a PNG (matplotlib, Agg backend).
+the curve as an image in the format of its extension (PNG if none;
+matplotlib, Agg backend).
 
 Read-only; works for any user who can read the database.
 """
@@ -179,15 +180,40 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
     return doc, curve
 
 
-def plot_curve(doc: dict, path: str) -> str:
-    """Draw the job's goodput curve (and linear scaling from its smallest count) as a PNG.
-
-    Returns:
-        The path written.
+def plot_format(path: str) -> str:
+    """The image format ``--plot PATH`` writes: its extension's (``.png``, ``.svg``,
+    ``.pdf``, ``.jpg``, ... as matplotlib's Agg canvas knows them), PNG if it has none.
 
     Raises:
-        BadInput: the job has no curve (no estimate yet) or the file cannot be written.
+        BadInput: an empty path, or an extension matplotlib cannot write (the message
+            lists the ones it can).
     """
+    if not path.strip():
+        raise BadInput("--plot '': empty path (give a file name, e.g. curve.png)")
+    ext = Path(path).suffix.lower().lstrip(".")
+    if not ext:
+        return "png"
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    known = FigureCanvasAgg.get_supported_filetypes()
+    if ext not in known:
+        raise BadInput(f"--plot {path}: cannot write .{ext} images "
+                       f"(known: {', '.join('.' + k for k in sorted(known))})")
+    return ext
+
+
+def plot_curve(doc: dict, path: str) -> str:
+    """Draw the job's goodput curve (and linear scaling from its smallest count) as an
+    image in the format of the path's extension (`plot_format`; none: PNG).
+
+    Returns:
+        The path written (absolute).
+
+    Raises:
+        BadInput: an empty path or unknown extension, the job has no curve (no
+            estimate yet), or the file cannot be written.
+    """
+    fmt = plot_format(path)
     c = doc["curve"]
     if c is None or not c["points"]:
         raise BadInput(f"--plot {path}: job {doc['job']['job_id']} has no speedup curve yet "
@@ -222,12 +248,21 @@ def plot_curve(doc: dict, path: str) -> str:
         ax.legend(fontsize=8)
         fig.tight_layout()
         try:
-            fig.savefig(path, format="png")
+            fig.savefig(path, format=fmt)
         except OSError as exc:
             raise BadInput(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
     finally:
         plt.close(fig)
     return os.path.abspath(path)
+
+
+def _start_text(j: dict) -> str:
+    """A pending job's start time in Slurm is its expected start (backfill's estimate),
+    not a start that happened."""
+    if j["state"] == "PENDING":
+        return f"expected to start {j['start_time']} (Slurm's estimate)" if j["start_time"] \
+            else "not started"
+    return f"started {j['start_time'] or '-'}"
 
 
 def render_job(doc: dict) -> str:
@@ -240,7 +275,7 @@ def render_job(doc: dict) -> str:
            f"{', reason ' + j['reason'] if j['reason'] else ''}, {size}",
            f"spec:      {sp['text'] or '-'}" + (f"  [INVALID: {sp['error']}]" if sp["error"]
                                                  else ""),
-           f"times:     arrived {j['arrival_time'] or '-'}, started {j['start_time'] or '-'}, "
+           f"times:     arrived {j['arrival_time'] or '-'}, {_start_text(j)}, "
            f"ended {j['end_time'] or '-'}; restarts {j['restart_count']}; attained "
            f"{fmt_number((j['attained_gpu_s'] or 0) / 3600, 'GPU-h')}"]
     tp = pr["throughput"]
@@ -329,7 +364,8 @@ def job() -> None:
 @json_option
 @click.option("--plot", "plot_path", metavar="PATH", default=None,
               type=click.Path(dir_okay=False, writable=False),
-              help="Also draw the fitted speedup curve as a PNG file.")
+              help="Also draw the fitted speedup curve to PATH, in the format of its "
+                   "extension (.png, .svg, .pdf, .jpg, ...; none: PNG).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
               help="GPUs per node for the curve's node counts (default: from slurm.conf, "
                    "else inferred from the jobs).")
@@ -343,6 +379,6 @@ def show(job_id: str, config_path: str | None, database_url: str | None, as_json
     config = effective_config(config_path, database_url)
     with open_store(config) as st, st.sessions() as s:
         doc, _ = build_job(s, job_id.strip(), datetime.now(UTC), gpus_per_node=gpus_per_node)
-    if plot_path:
-        doc["plot"] = plot_curve(doc, str(Path(plot_path)))
+    if plot_path is not None:
+        doc["plot"] = plot_curve(doc, plot_path)
     emit(doc, as_json, render_job)

@@ -30,6 +30,7 @@ from malleable.db.models import Job
 from malleable.ops import docgen
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.actions import build_actions
+from malleable.ops.job import render_job
 from malleable.ops.policy import parse_assignments
 from malleable.ops.schemas import SCHEMAS
 from malleable.ops.status import build_status
@@ -255,6 +256,31 @@ def test_job_show_text_rigid_and_unknown(run, tmp_path):
     one_line_error(run("job", "show", "104", "--plot", str(tmp_path / "x.png")), 2,
                    "has no speedup curve yet")
     one_line_error(run("job", "show", "999"), 2, "job '999': not in the state store")
+
+
+def test_job_show_pending_start_is_slurms_expectation(run):
+    doc = js(run("job", "show", "102", "--json"))
+    assert doc["job"]["state"] == "PENDING"
+    assert "not started" in render_job(doc) and "started -" not in render_job(doc)
+    doc["job"]["start_time"] = "2026-03-01T13:00:00Z"     # backfill's estimate
+    assert "expected to start 2026-03-01T13:00:00Z (Slurm's estimate)" in render_job(doc)
+    doc["job"]["state"] = "RUNNING"
+    assert "started 2026-03-01T13:00:00Z" in render_job(doc)
+
+
+def test_job_show_plot_format_follows_the_extension(run, built, tmp_path):
+    svg, pdf, bare = tmp_path / "c.svg", tmp_path / "c.PDF", tmp_path / "curve"
+    for path in (svg, pdf, bare):
+        r = run("job", "show", "101", "--gpus-per-node", "4", "--plot", str(path))
+        assert r.exit_code == 0, r.output
+    assert b"<svg" in svg.read_bytes()[:500]
+    assert pdf.read_bytes()[:5] == b"%PDF-"
+    assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"          # no extension: PNG, as named
+    assert not (tmp_path / "curve.png").exists()
+    one_line_error(run("job", "show", "101", "--plot", ""), 2, "--plot '': empty path")
+    r = run("job", "show", "101", "--plot", str(tmp_path / "c.xyz"))
+    one_line_error(r, 2, "cannot write .xyz images (known: ")
+    assert ".svg" in r.output and not (tmp_path / "c.xyz").exists()
 
 
 # ---------------------------------------------------------------- actions
