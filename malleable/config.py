@@ -419,10 +419,14 @@ def load_config(path: str | os.PathLike | None = None, env: dict | None = None) 
         env: environment for overrides (default ``os.environ``).
 
     Raises:
-        ConfigError: the file is unreadable or not TOML (message names the path and
-            the line), or a value is invalid (message names the key and the value).
+        ConfigError: ``path`` is empty, the file is unreadable or not TOML (message
+            names the path and the line), or a value is invalid (message names the key
+            and the value).
     """
     env = os.environ if env is None else env
+    if path is not None and not str(path).strip():
+        raise ConfigError(f"--config {str(path)!r}: empty path; give a TOML file, or leave "
+                          f"--config out to read ${ENV_CONFIG} or {DEFAULT_CONFIG_PATH}")
     explicit = path is not None or bool(env.get(ENV_CONFIG))
     p = Path(path if path is not None else (env.get(ENV_CONFIG) or DEFAULT_CONFIG_PATH))
     if not p.exists():

@@ -135,10 +135,16 @@ def schema_status(engine: Engine) -> SchemaStatus:
 
 
 def _too_new(st: SchemaStatus) -> SchemaTooNew:
-    by = f" by malleable {st.written_by}" if st.written_by else ""
+    if st.written_by == __version__:
+        # The same version number, other code (a development build): say so once.
+        who = (f"was written by another build of malleable {__version__} (this one knows "
+               f"revisions up to {st.head})")
+    else:
+        by = f" by malleable {st.written_by}" if st.written_by else ""
+        who = (f"was written{by}, a newer malleable than this one ({__version__}, which "
+               f"knows revisions up to {st.head})")
     return SchemaTooNew(
-        f"{st.where}: schema revision {st.current} was written{by}, a newer malleable than this "
-        f"one ({__version__}, which knows revisions up to {st.head}); upgrade malleable, or "
+        f"{st.where}: schema revision {st.current} {who}; upgrade malleable, or "
         f"downgrade the database with the newer malleable",
         found=st.current or "", expected=st.head, written_by=st.written_by)
 

@@ -15,7 +15,7 @@ import grp
 import os
 import pwd
 
-from malleable.config import Config
+from malleable.config import DEFAULT_CONFIG_PATH, ENV_CONFIG, Config
 from malleable.ops.output import Refused
 
 
@@ -70,10 +70,13 @@ def require_operator(config: Config, what: str) -> None:
     if is_operator(config):
         return
     name = config.operator.group
-    where = f"[operator] group in {config.source}"
+    defaults = config.source == "<defaults>"       # no file read: name the file to write
+    where = "[operator] group" if defaults else f"[operator] group in {config.source}"
     if not name:
+        fix = (f"{where} in {DEFAULT_CONFIG_PATH} (or the file named by --config or "
+               f"${ENV_CONFIG}; none was read)" if defaults else where)
         rule = (f"only root may {what}: no operator group is configured ({where} is empty); "
-                f"run it with sudo, or have an administrator set {where}")
+                f"run it with sudo, or have an administrator set {fix}")
     else:
         try:
             grp.getgrnam(name)

@@ -77,6 +77,13 @@ def test_missing_explicit_file_is_error(tmp_path):
         load_config(tmp_path / "nope.toml", env={})
 
 
+@pytest.mark.parametrize("path", ["", "  "])
+def test_empty_explicit_path_names_the_option(path):
+    # Path("") is ".", the working directory: "Is a directory" named neither option nor value.
+    with pytest.raises(ConfigError, match=r"--config '\s*': empty path; give a TOML file"):
+        load_config(path, env={})
+
+
 def test_missing_default_file_gives_defaults(tmp_path, monkeypatch):
     monkeypatch.setattr("malleable.config.DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
     assert load_config(env={}).source == "<defaults>"

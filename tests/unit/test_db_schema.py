@@ -124,6 +124,17 @@ def test_newer_schema_is_refused_naming_revision_and_writer(engine, newer_mallea
         schema.downgrade(engine, "base")
 
 
+def test_newer_schema_of_the_same_version_number_says_another_build(engine, newer_malleable):
+    newer_malleable(True)
+    schema.upgrade(engine)                # written_by: this version number, other code
+    newer_malleable(False)
+    with pytest.raises(SchemaTooNew) as ei:
+        schema.check_schema(engine)
+    msg = str(ei.value)
+    assert f"written by another build of malleable {__version__}" in msg
+    assert msg.count(__version__) == 1 and "revisions up to" in msg
+
+
 def test_foreign_tables_are_not_a_malleable_database(engine):
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE other_app (x)"))

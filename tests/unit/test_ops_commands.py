@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 from sqlalchemy import update
 
+import malleable.config as config_module
 from malleable.cli import main
 from malleable.daemon.cycle import spec_as_dict
 from malleable.db import schema, store
@@ -346,7 +347,15 @@ def test_pause_refused_without_an_operator_group(tmp_path, built, monkeypatch):
     cfg = write_config(tmp_path / "nogroup.toml", built.url)
     monkeypatch.setattr(os, "geteuid", lambda: 4321)
     r = CliRunner().invoke(main, ["pause", "--config", str(cfg)], prog_name="malleable")
-    one_line_error(r, 1, "only root may pause the daemon: no operator group is configured")
+    one_line_error(r, 1, "only root may pause the daemon: no operator group is configured",
+                   f"[operator] group in {cfg} is empty")
+    # No config file at all: the message names the file to write, not "<defaults>".
+    monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
+    monkeypatch.setattr(config_module, "DEFAULT_CONFIG_PATH", tmp_path / "absent.toml")
+    r = CliRunner().invoke(main, ["pause", "--database-url", built.url], prog_name="malleable")
+    err = one_line_error(r, 1, "no operator group is configured ([operator] group is empty)",
+                         "/etc/malleable/malleable.toml (or the file named by --config")
+    assert "<defaults>" not in err
 
 
 # ---------------------------------------------------------------- policy
