@@ -225,7 +225,9 @@ def _fail(message: str, code: int) -> None:
               help="Nodes in the cluster (default: ask the cluster).")
 @click.option("--log", "log_path", default=None, metavar="PATH",
               help="Append one JSON line per submitted job.")
-@click.option("--config", "config_path", default=None, metavar="PATH")
+@click.option("--config", "config_path", default=None, metavar="PATH",
+              help="malleable.toml, for the progress spool and Slurm settings (default "
+                   "$MALLEABLE_CONFIG or /etc/malleable/malleable.toml).")
 @click.option("--adaptive-batch/--fixed-batch", default=True, show_default=True,
               help="Jobs tune their batch size themselves (AdaptDL-style), or train at the "
                    "trace's batch size.")

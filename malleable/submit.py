@@ -335,26 +335,38 @@ def _fail(message: str, code: int) -> None:
 @click.option("--spec", "spec_text", metavar="SPEC",
               help="A whole spec, e.g. 'gpus=2-16,step=4' (with or without 'malleable:').")
 @click.option("--gpus", metavar="MIN-MAX", help="GPU range, e.g. 2-16 (or N).")
-@click.option("--step", metavar="N", help="GPU counts above the minimum are multiples of N.")
+@click.option("--step", metavar="N",
+              help="GPU counts above the minimum are multiples of N (default 1).")
 @click.option("--signal", metavar="SIG", help="Checkpoint signal (default USR1).")
 @click.option("--signal-target", metavar="batch|full|steps",
               help="Which processes get the signal (default batch).")
-@click.option("--grace", metavar="SECONDS", help="Seconds to checkpoint after the signal.")
-@click.option("--shrink", metavar="inplace|requeue", help="Can it lose nodes while running?")
-@click.option("--target-steps", metavar="N")
-@click.option("--target-samples", metavar="N")
-@click.option("--target-epochs", metavar="N")
-@click.option("--samples-per-epoch", metavar="N")
-@click.option("--target-metric", metavar="X")
-@click.option("--metric-goal", metavar="max|min")
+@click.option("--grace", metavar="SECONDS",
+              help="Time to checkpoint after the signal: 120, 90s, 2m, 1h (default 120).")
+@click.option("--shrink", metavar="inplace|requeue",
+              help="Can it lose nodes while running (inplace), or is shrinking a "
+                   "checkpoint-requeue (default requeue)?")
+@click.option("--target-steps", metavar="N", help="Iterations to run (default: none).")
+@click.option("--target-samples", metavar="N", help="Samples to process (default: none).")
+@click.option("--target-epochs", metavar="N",
+              help="Epochs to run; needs --samples-per-epoch (default: none).")
+@click.option("--samples-per-epoch", metavar="N", help="Data set size in samples.")
+@click.option("--target-metric", metavar="X",
+              help="Stop when the logged metric reaches X (default: none).")
+@click.option("--metric-goal", metavar="max|min",
+              help="Is a larger (max) or smaller (min) metric better (default max)?")
 @click.option("--batch", metavar="N", help="Initial global batch size m0.")
-@click.option("--max-batch", metavar="N")
-@click.option("--max-local-batch", metavar="N")
+@click.option("--max-batch", metavar="N",
+              help="Largest global batch, >= --batch (default: none).")
+@click.option("--max-local-batch", metavar="N",
+              help="Largest per-GPU batch (default: none).")
 @click.option("--model", metavar="NAME", help="Model name for priors (e.g. cifar10).")
-@click.option("--restart-cost", metavar="SECONDS")
+@click.option("--restart-cost", metavar="SECONDS",
+              help="Seconds a checkpoint-requeue costs the job (default: measured).")
 @click.option("--initial-gpus", type=click.IntRange(min=1), metavar="K",
               help="GPUs to start on (default: the minimum of the range).")
-@click.option("--config", "config_path", metavar="PATH", help="malleable.toml to use.")
+@click.option("--config", "config_path", metavar="PATH",
+              help="malleable.toml to use (default $MALLEABLE_CONFIG or "
+                   "/etc/malleable/malleable.toml).")
 @click.option("--dry-run", is_flag=True,
               help="Print the sbatch command line (with its environment) instead of "
                    "submitting.")

@@ -128,7 +128,12 @@ class _DowngradeCommand(_RevisionsCommand):
 
 @click.group()
 def db() -> None:
-    """Create, upgrade and inspect the state store's schema."""
+    """Create, upgrade and inspect the state store's schema.
+
+    The database: --database-url, else $MALLEABLE_DATABASE_URL, else [database]
+    url of the configuration file (--config, $MALLEABLE_CONFIG or
+    /etc/malleable/malleable.toml), else sqlite:////var/lib/malleable/malleable.db.
+    """
 
 
 @db.command(cls=_RevisionsCommand)

@@ -240,7 +240,9 @@ def list_(config_path: str | None, as_json: bool) -> None:
     emit(doc, as_json, render_list)
 
 
-@policy.command("set")
+@policy.command("set", epilog=f"NAME is one of: {', '.join(available())} ('default' is "
+                              f"{DEFAULT}). `malleable policy list` shows each one's "
+                              f"parameters and their defaults.")
 @click.argument("name", shell_complete=_complete_policy)
 @click.argument("assignments", nargs=-1, metavar="[KEY=VALUE]...")
 @store_options
