@@ -252,6 +252,13 @@ def _action(a: dict | None) -> str:
     return f"{a['kind']} {a['from_gpus']}->{a['to_gpus']}: {a['state']}"
 
 
+def _state(j: dict) -> str:
+    """STATE as squeue would say it: the state, then held and Slurm's reason, e.g.
+    ``PENDING (held, Resources)``."""
+    why = (["held"] if j["held"] else []) + ([j["reason"]] if j.get("reason") else [])
+    return j["state"] + (f" ({', '.join(why)})" if why else "")
+
+
 def render_status(doc: dict) -> str:
     """The text view of a ``malleable.status/1`` document."""
     d = doc["daemon"]
@@ -291,7 +298,7 @@ def render_status(doc: dict) -> str:
         + (f", {doc['gpus']['target']} targeted" if doc["gpus"]["target"] is not None else ""),
         "",
     ]
-    rows = [(j["job_id"], j["name"], j["user"], j["state"] + (" (held)" if j["held"] else ""),
+    rows = [(j["job_id"], j["name"], j["user"], _state(j),
              _gpus(j), fmt_number(j["throughput"]), fmt_duration(j["eta_s"]),
              _action(j["last_action"])) for j in doc["jobs"]]
     if rows:

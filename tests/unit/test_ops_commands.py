@@ -158,7 +158,8 @@ def test_status_text_and_all(run):
     assert "RUNNING" in line and "4 -> 8" in line and "1,800" in line
     assert "requeue 2->4: done" in line
     line = next(x for x in out.splitlines() if x.startswith("102 "))
-    assert "PENDING (held)" in line and "(2) -> 0" in line and "hold 2->0: hold" in line
+    assert "PENDING (held, Resources)" in line and "(2) -> 0" in line   # as squeue's reason
+    assert "hold 2->0: hold" in line
     assert "103" not in out
     doc = js(run("status", "--all", "--json"))
     assert [j["job_id"] for j in doc["jobs"]] == ["101", "102", "103"]
