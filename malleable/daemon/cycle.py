@@ -214,6 +214,7 @@ class Daemon:
         self.paused = False  # the operator's pause, as the last successful poll read it
         # The operator's policy choice (name, params) as that poll read it; None: none.
         self.operator_policy: tuple[str, dict] | None = None
+        self._settings_read = False   # whether a poll read them yet (`_note_operator_settings`)
         self.last_ingest: IngestReport | None = None  # of the last poll that ingested
         # Which pending jobs' progress files can hold unread lines (`_ingest_in`):
         # jobs.id -> the last poll at which the job ran, got an event, or had bytes left
@@ -299,7 +300,7 @@ class Daemon:
             # Read with the poll, in one query (one transaction less per cycle than a
             # read of its own; the pause and the policy the cycle decides with are read
             # together, so an operator's `policy set` and `pause` are seen alike).
-            self.paused, self.operator_policy = store.operator_settings(s)
+            self._note_operator_settings(*store.operator_settings(s))
             self.last_ingest = self._ingest_in(s, now, full=bool(skipped)) if ingest else None
             # After the ingest: a vanished job's last lines (``finished``) count.
             if not skipped:
@@ -491,6 +492,31 @@ class Daemon:
                                     note="paused: releasing the daemon's hold")
 
     # ------------------------------------------------------------------ decide
+
+    def _note_operator_settings(self, paused: bool, policy: tuple[str, dict] | None) -> None:
+        """Take the operator's pause and policy choice as this poll read them, and log
+        a change (`malleable pause`, `resume`, `policy set`, `policy reset` write only
+        the store; the daemon's log is where an admin reads when they took effect).
+        The first read of a process logs a pause or an operator's policy in force."""
+        first = not self._settings_read
+        self._settings_read = True
+        if paused and (first or not self.paused):
+            log.warning("%s: observing and planning, starting no action (malleable resume "
+                        "ends it)", "starting paused by an operator" if first
+                        else "paused by an operator")
+        elif not paused and self.paused and not first:
+            log.warning("resumed by an operator: acting on decisions again")
+        if policy != self.operator_policy or (first and policy is not None):
+            if policy is not None:
+                log.info("policy %s %s set by an operator%s: it decides from the next "
+                         "decision", policy[0], json.dumps(policy[1], sort_keys=True),
+                         " (in force at start)" if first else "")
+            elif not first:
+                log.info("the operator's policy choice was reset: the configuration's "
+                         "policy %s %s decides from the next decision",
+                         self.config.policy.name,
+                         json.dumps(dict(self.config.policy.params), sort_keys=True))
+        self.paused, self.operator_policy = paused, policy
 
     def _policy(self):
         """The active policy (name, params, the policy wrapped in hysteresis): the

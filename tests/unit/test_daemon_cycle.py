@@ -11,6 +11,7 @@ a record 22.05 would not let us corrupt on cue).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -392,6 +393,47 @@ def test_the_policy_an_operator_sets_is_read_with_the_pause_by_the_poll(tmp_path
     assert r.paused
     with c.sessions() as s:
         assert s.get(Decision, r.decision_id).policy == "equi"   # the configuration's
+
+
+def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog):
+    """The admin commands write only the store; the daemon logs when it takes them up."""
+    c = Cluster(tmp_path)
+    c.malleable()
+    c.advance(1)
+
+    def cycle() -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="malleable.daemon.cycle"):
+            c.daemon.poll_cycle()
+        c.advance(10)
+        return [r.getMessage() for r in caplog.records
+                if "operator" in r.getMessage() and r.name == "malleable.daemon.cycle"]
+
+    assert cycle() == []                                # nothing set: nothing said
+    with c.sessions() as s, s.begin():
+        store.set_paused(s, True, c.engine.datetime_at())
+        store.set_policy(s, "fifo", {"x": 1}, c.engine.datetime_at())
+    said = cycle()
+    assert any(m.startswith("paused by an operator: observing and planning") for m in said)
+    assert 'policy fifo {"x": 1} set by an operator: it decides from the next decision' in said
+    assert cycle() == []                                # said once, not every poll
+    with c.sessions() as s, s.begin():
+        store.set_paused(s, False, c.engine.datetime_at())
+        store.clear_policy(s)
+    said = cycle()
+    assert "resumed by an operator: acting on decisions again" in said
+    assert any(m.startswith("the operator's policy choice was reset: the configuration's "
+                            "policy equi") for m in said)
+    # A new process finds a pause (and a policy) in force: it says so at its first poll.
+    with c.sessions() as s, s.begin():
+        store.set_paused(s, True, c.engine.datetime_at())
+        store.set_policy(s, "las", {}, c.engine.datetime_at())
+    c.daemon = Daemon(slurm=c.slurm, sessions=c.sessions, clock=c.engine.datetime_at,
+                      spool_dir=str(c.spool), config=c.daemon.config)
+    said = cycle()
+    assert any(m.startswith("starting paused by an operator") for m in said)
+    assert "policy las {} set by an operator (in force at start): it decides from the next " \
+           "decision" in said
 
 
 def test_the_inputs_cache_gives_what_reading_the_events_gives(tmp_path):
