@@ -504,10 +504,9 @@ def summarize(jobs: list[dict], expected: int) -> dict:
 
 
 def write_report(report: Path, sides: list[Side], results: dict, timelines: dict) -> None:
-    import matplotlib
+    from malleable.mpl import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     (report / "report.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     rows = ["side,name,job_id,model,state,restarts,jct_s"]

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from malleable.db import store
 from malleable.db.models import Action, Decision, ProgressSample, Target
+from malleable.mpl import pyplot
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.output import (
     BadInput,
@@ -193,6 +194,7 @@ def plot_format(path: str) -> str:
     ext = Path(path).suffix.lower().lstrip(".")
     if not ext:
         return "png"
+    pyplot()                          # (matplotlib imported quietly)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     known = FigureCanvasAgg.get_supported_filetypes()
@@ -218,10 +220,7 @@ def plot_curve(doc: dict, path: str) -> str:
     if c is None or not c["points"]:
         raise BadInput(f"--plot {path}: job {doc['job']['job_id']} has no speedup curve yet "
                        f"(no estimate: the daemon estimates a job once it is managed)")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ks = [p["gpus"] for p in c["points"]]
     gp = [p["goodput"] or 0.0 for p in c["points"]]

@@ -12,18 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from malleable.mpl import pyplot
 
 
 def plot_jct_cdf(jcts: Mapping[str, Sequence[float]], path: str | Path, *,
@@ -35,7 +27,7 @@ def plot_jct_cdf(jcts: Mapping[str, Sequence[float]], path: str | Path, *,
     """
     if not any(len(v) for v in jcts.values()):
         raise ValueError("no JCT to plot")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     for name in sorted(jcts):
         x = np.sort(np.asarray(jcts[name], dtype=float)) / 3600.0
@@ -95,7 +87,7 @@ def plot_gpus_per_job(log: Sequence[tuple[float, str, int]], path: str | Path, *
     """
     if not log:
         raise ValueError("empty allocation log")
-    plt = _pyplot()
+    plt = pyplot()
     t_end = max(t for t, _, _ in log)
     grid = np.linspace(0.0, max(t_end, 1.0), points)
     jobs, series = _per_job_series(log, grid)
@@ -132,7 +124,7 @@ def plot_utilization(times: np.ndarray, used: np.ndarray, total_gpus: int, path:
     u = np.asarray(used, dtype=float)
     if t.size == 0 or t.shape != u.shape:
         raise ValueError("times and used must be non-empty arrays of the same shape")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3), dpi=100)
     ax.step(t / 3600.0, u, where="post", linewidth=0.8)
     ax.axhline(total_gpus, color="black", linewidth=0.8, linestyle="--",
