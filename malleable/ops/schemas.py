@@ -180,6 +180,10 @@ STATUS = _schema("malleable.status/1", "malleable status",
                                              "per second"),
         "eta_s": _null("number", "estimated seconds to finish: remaining_work / "
                                  "goodput_at_target"),
+        "remaining_basis": _null("string", "what remaining_work rests on: target (declared "
+                                           "steps, samples or epochs), curve (learning curve "
+                                           "to a target metric), history (finished jobs' "
+                                           "sizes; grows while the job runs) or default"),
         "estimate_time": _time("when the latest estimate was made"),
         "last_action": _ref("action", "its newest action", nullable=True),
     })),

@@ -54,6 +54,7 @@ from malleable.ops.views import (
     estimate_bits,
     goodput_curve,
     recent_throughput,
+    remaining_basis,
     remaining_time,
     resolve_gpus_per_node,
 )
@@ -164,6 +165,7 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
             "remaining_work": finite(work, 1),
             "goodput_at_target": finite(goodput, 3),
             "eta_s": finite(eta, 1),
+            "remaining_basis": remaining_basis(estimate_bits(est)),
             "estimate_time": iso(est.time) if est else None,
             "last_action": action_doc(a, j.slurm_job_id) if a is not None else None,
         })
@@ -259,6 +261,15 @@ def _state(j: dict) -> str:
     return j["state"] + (f" ({', '.join(why)})" if why else "")
 
 
+def _guessed(j: dict) -> bool:
+    return j["eta_s"] is not None and j.get("remaining_basis") in ("history", "default")
+
+
+def _eta(j: dict) -> str:
+    """ETA, marked ``~`` when the remaining work is a guess (no declared target)."""
+    return ("~" if _guessed(j) else "") + fmt_duration(j["eta_s"])
+
+
 def render_status(doc: dict) -> str:
     """The text view of a ``malleable.status/1`` document."""
     d = doc["daemon"]
@@ -299,11 +310,14 @@ def render_status(doc: dict) -> str:
         "",
     ]
     rows = [(j["job_id"], j["name"], j["user"], _state(j),
-             _gpus(j), fmt_number(j["throughput"]), fmt_duration(j["eta_s"]),
+             _gpus(j), fmt_number(j["throughput"]), _eta(j),
              _action(j["last_action"])) for j in doc["jobs"]]
     if rows:
         lines.append(table(["JOBID", "NAME", "USER", "STATE", "GPUS NOW -> TARGET",
                             "SAMPLES/S", "ETA", "LAST ACTION"], rows, right=(5, 6)))
+        if any(_guessed(j) for j in doc["jobs"]):
+            lines.append("~ no declared target: remaining work from finished jobs' sizes or "
+                         "the default; it grows while the job runs")
     else:
         lines.append("no malleable jobs")
     return "\n".join(lines)

@@ -204,6 +204,24 @@ def remaining_time(remaining_work: float | None, goodput: float | None) -> float
     return max(0.0, remaining_work) / goodput
 
 
+REMAINING_BASES = {EstimateFlags.REMAINING_EXACT: "target",
+                   EstimateFlags.REMAINING_CURVE: "curve",
+                   EstimateFlags.REMAINING_HISTORY: "history",
+                   EstimateFlags.REMAINING_DEFAULT: "default"}
+"""What an estimate's remaining work rests on, by its flag: a declared steps, samples or
+epochs ``target``; the learning ``curve`` towards a target metric; finished jobs' sizes
+(``history``: no target, so it grows while the job runs, as a heavy-tailed size's
+residual does); or the ``default`` (no target, curve or history)."""
+
+
+def remaining_basis(bits: int | None) -> str | None:
+    """``target``, ``curve``, ``history`` or ``default`` (`REMAINING_BASES`) for an
+    estimate's flag bits; None without an estimate or flags."""
+    if not bits:
+        return None
+    return next((name for f, name in REMAINING_BASES.items() if int(bits) & f.value), None)
+
+
 def flag_names(bits: int | None) -> list[str]:
     """The names of the `EstimateFlags` set in ``bits`` (lower case), in bit order."""
     if not bits:

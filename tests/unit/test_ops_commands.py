@@ -28,14 +28,16 @@ from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
 from malleable.db.lease import acquire_lease, release_lease
 from malleable.db.models import Job
+from malleable.estimators.params import EstimateFlags
 from malleable.ops import docgen
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.actions import build_actions
 from malleable.ops.job import render_job
+from malleable.ops.output import fmt_duration
 from malleable.ops.policy import parse_assignments
 from malleable.ops.schemas import SCHEMAS
-from malleable.ops.status import build_status
-from malleable.ops.views import goodput_curve
+from malleable.ops.status import build_status, render_status
+from malleable.ops.views import goodput_curve, remaining_basis
 from malleable.slurm.records import JobState
 from tests.unit.ops_store import NOW, SPEC_101, T0, _job, build_store, write_config
 
@@ -106,6 +108,7 @@ def test_status_json_numbers(run, built):
     assert g8 == pytest.approx(float(built.table.goodput[0, built.table.k == 8][0]), rel=1e-9)
     assert j["goodput_at_target"] == pytest.approx(g8, rel=1e-6)
     assert j["eta_s"] == pytest.approx(built.remaining_101 / g8, abs=0.1)
+    assert j["remaining_basis"] == "target"           # its spec declares a target
     assert j["last_action"]["kind"] == "requeue" and j["last_action"]["state"] == "done"
     assert j["last_action"]["finished"] and j["reason"] is None
     p = jobs["102"]
@@ -146,6 +149,20 @@ def _spec(built, sid):
         out = store.get_job(s, sid).spec
     eng.dispose()
     return out
+
+
+def test_status_marks_an_eta_without_a_declared_target(run):
+    doc = js(run("status", "--json", "--gpus-per-node", "4"))
+    text = render_status(doc)
+    assert "~" not in text and "no declared target" not in text
+    j = next(x for x in doc["jobs"] if x["job_id"] == "101")
+    j["remaining_basis"] = "history"
+    text = render_status(doc)
+    line = next(x for x in text.splitlines() if x.startswith("101 "))
+    assert "~" + fmt_duration(j["eta_s"]) in line
+    assert "~ no declared target: remaining work from finished jobs' sizes" in text
+    bits = int(EstimateFlags.REMAINING_DEFAULT | EstimateFlags.SINGLE_BATCH)
+    assert (remaining_basis(bits), remaining_basis(None)) == ("default", None)
 
 
 def test_status_text_and_all(run):
