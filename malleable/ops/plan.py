@@ -27,6 +27,7 @@ ingested (their stored samples are used).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 from collections.abc import Iterator
@@ -248,9 +249,12 @@ def plan(config_path: str | None, database_url: str | None, as_json: bool) -> No
 
     Polls Slurm once, runs the daemon's decision code in dry-run mode on a
     scratch copy of the state store, and prints the targets and actions.
-    Nothing is recorded and nothing changes in Slurm. Exit 1 if Slurm does not answer.
+    Nothing is recorded and nothing changes in Slurm. Slurm is asked once per call
+    ([slurm] command_timeout_s; the daemon's retries, max_retries, are not used at a
+    prompt): exit 1 if it does not answer.
     """
     config = effective_config(config_path, database_url)
+    once = dataclasses.replace(config.slurm, max_retries=0)
     with open_store(config) as st:
-        doc = build_plan(config, st, connect(config.slurm), datetime.now(UTC))
+        doc = build_plan(config, st, connect(once), datetime.now(UTC))
     emit(doc, as_json, render_plan)

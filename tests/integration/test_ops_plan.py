@@ -99,7 +99,7 @@ def test_plan_shows_the_hold_and_changes_nothing(setup):
 def test_plan_fails_with_exit_1_when_slurm_does_not_answer(tmp_path, monkeypatch):
     cfg = tmp_path / "malleable.toml"
     cfg.write_text(f'[database]\nurl = "sqlite:///{tmp_path}/m.db"\n'
-                   '[slurm]\nbackend = "cli"\nmax_retries = 0\ncommand_timeout_s = 1.5\n')
+                   '[slurm]\nbackend = "cli"\nmax_retries = 5\ncommand_timeout_s = 1.5\n')
     assert cli("db", "upgrade", "--config", str(cfg)).exit_code == 0
     bad = tmp_path / "slurm.conf"
     bad.write_text("ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n"
@@ -108,4 +108,5 @@ def test_plan_fails_with_exit_1_when_slurm_does_not_answer(tmp_path, monkeypatch
     r = cli("plan", "--config", str(cfg))
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith("malleable plan: error: Slurm did not answer the poll")
+    assert "(after 1 attempt(s))" in r.stderr       # at a prompt: no retries with back-off
     assert len(r.stderr.strip().splitlines()) == 1
