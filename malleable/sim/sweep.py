@@ -93,9 +93,14 @@ class RunSpec:
     plots: bool = True
 
     @property
+    def run_id(self) -> str:
+        """``<workload>/<policy>/seed<N>``: the run's folder under ``--out``."""
+        return run_id(self.name, self.policy, self.seed)
+
+    @property
     def run_dir(self) -> Path:
         """``<out>/<workload>/<policy>/seed<N>``."""
-        return Path(self.out_dir) / self.name / self.policy / f"seed{self.seed}"
+        return Path(self.out_dir) / self.run_id
 
     def daemon_config(self) -> Config:
         """The daemon's `Config` for this run.
@@ -542,8 +547,14 @@ def run_settings(summary: dict) -> dict[str, str]:
     return out
 
 
+def run_id(workload: str, policy: str, seed: int) -> str:
+    """``<workload>/<policy>/seed<N>``: a run's folder under ``--out`` (`RunSpec.run_dir`)
+    and its name in notes."""
+    return f"{workload}/{policy}/seed{seed}"
+
+
 def _run_id(summary: dict) -> str:
-    return f"{summary['workload']}/{summary['policy']}/seed{summary['seed']}"
+    return run_id(summary["workload"], summary["policy"], summary["seed"])
 
 
 def mixed_settings(runs: Sequence[dict]) -> list[dict]:
@@ -605,7 +616,7 @@ def replaced_runs(specs: Sequence[RunSpec]) -> list[str]:
         path = spec.run_dir / SUMMARY
         if not path.exists():
             continue
-        rid = f"{spec.name}/{spec.policy}/seed{spec.seed}"
+        rid = spec.run_id
         try:
             old = run_settings(check_summary(_read_json(path), path))
         except RunFolderError as exc:
