@@ -68,6 +68,7 @@ from malleable.daemon.reconcile import (
     PlannedAction,
     Target,
     plan_actions,
+    start_shape,
 )
 from malleable.daemon.shapes import Shape
 from malleable.db import store
@@ -614,6 +615,8 @@ class Daemon:
             ids = [j.id for j in jobs]
             held = daemon_holds(s, ids)
             busy = {a.job_id for a in unfinished}
+            # (oldest first: a job's newest unfinished action wins)
+            bound = {a.job_id: start_shape(a.kind, a.to_gpus, a.to_nodes) for a in unfinished}
             backoff = requeue_backoff(s, ids, now, self.config.daemon.requeue_backoff_s)
             runs = reporting_runs(s, ids)
             in_flight = sum(1 for a in unfinished if a.kind == "requeue")
@@ -629,7 +632,7 @@ class Daemon:
             views.append(JobView(
                 job_id=j.slurm_job_id, state=sj.state, shape=shape, held=sj.held,
                 held_by_daemon=j.id in held, shrink_inplace=bool(spec.get("shrink_inplace")),
-                busy=j.id in busy, placement=placement,
+                busy=j.id in busy, placement=placement, bound_for=bound.get(j.id),
                 # Not ready to checkpoint until it has logged progress in this run.
                 requeue_blocked=(j.id in backoff or not sj.requeueable or not sj.batch
                                  or (sj.state == JobState.RUNNING

@@ -27,6 +27,11 @@ Rules (issue 8, item 2):
   size, or stays held) rather than left pending in Slurm for GPUs no node has.
   An unheld pending job (it waits in Slurm's queue whatever the daemon does) is
   still resized to its target, and waits there; its room is not reserved;
+* a pending job with an action in flight that will start it (a requeue or an
+  admission on its way to the release, or released and not running yet) is
+  counted first: its GPUs and, with ``free_by_node``, a place for its shape
+  (``bound_for``) are taken before any grow or admission of this plan, so none
+  takes the room it is about to start in;
 * shrinks and preemptions first, then admissions and grows, in plan order;
 * at most ``max_requeues`` checkpoint-requeues in flight at once;
 * rigid and unmanaged jobs never appear here: the caller passes only malleable jobs.
@@ -67,6 +72,8 @@ class JobView:
             failed checkpoint, not requeueable, or not a batch job).
         placement: a running job's GPUs per node, ((node name, GPUs), ...) in its
             node list's order; () when pending or unknown.
+        bound_for: with ``busy``, the shape its in-flight action starts it at (the
+            action's target), None if it does not start it (a hold, a preemption).
     """
 
     job_id: str
@@ -78,10 +85,28 @@ class JobView:
     busy: bool = False
     requeue_blocked: bool = False
     placement: tuple[tuple[str, int], ...] = ()
+    bound_for: Shape | None = None
 
     @property
     def gpus(self) -> int:
         return self.shape.gpus
+
+
+def start_shape(kind: str, to_gpus: int | None, to_nodes: int | None) -> Shape | None:
+    """The shape an in-flight action starts its job at (`JobView.bound_for`).
+
+    Args:
+        kind: the action's `ActionKind` value.
+        to_gpus, to_nodes: its target GPUs and nodes (as stored with the action).
+
+    Returns:
+        ``to_nodes`` x ``to_gpus / to_nodes`` for a requeue or an admission to a
+        size; None for a hold, a shrink (the job keeps running), a preemption
+        (0 GPUs) or an action without a node count.
+    """
+    if kind not in (ActionKind.REQUEUE, ActionKind.ADMIT) or not to_gpus or not to_nodes:
+        return None
+    return Shape(int(to_nodes), int(to_gpus) // int(to_nodes))
 
 
 #: How a skip for want of a node with room starts (`NodePool.describe`).
@@ -206,6 +231,7 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
     skipped: list[Skipped] = []
     grows: dict[str, tuple[tuple[str, int], ...]] = {}   # a grow's current placement
     restarts: list[tuple[PlannedAction, JobView]] = []   # requeues to a smaller shape
+    bound: list[Shape] = []    # pending jobs an in-flight action is about to start
     budget = int(free_gpus)
     requeue_slots = max(0, max_requeues - requeues_in_flight)
     pool = NodePool(free_by_node) if free_by_node is not None else None
@@ -218,6 +244,8 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
         if v.busy:
             if _differs(v, t, shape):
                 skipped.append(Skipped(v.job_id, "action in flight"))
+            if v.state == JobState.PENDING and v.bound_for is not None:
+                bound.append(v.bound_for)
             continue
         if v.state == JobState.PENDING:
             if t.gpus == 0:
@@ -268,6 +296,13 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
                                         t.reason or "grow"), t.gpus - c, True, shape))
             if pool is not None:
                 grows[v.job_id] = v.placement
+
+    # Jobs an earlier action is starting come first: their GPUs and a place for them.
+    for start in bound:
+        budget = max(0, budget - start.gpus)
+        where = pool.fit(start) if pool is not None else None
+        if where is not None:
+            pool.take(where)
 
     # Smaller restarts, once every free of the plan is counted: on their own nodes or
     # elsewhere; one that fits nowhere keeps running as it is.

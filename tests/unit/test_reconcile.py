@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from malleable.daemon.reconcile import ActionKind, JobView, Target, plan_actions
+from malleable.daemon.reconcile import ActionKind, JobView, Target, plan_actions, start_shape
 from malleable.daemon.shapes import Shape, can_shrink_in_place, shape_for
 from malleable.slurm.records import JobState
 
@@ -129,6 +129,46 @@ def test_a_grow_no_node_can_hold_is_skipped_not_requeued():
                                     free_gpus=3, free_by_node=pool)
     assert kinds(actions) == [("A", ActionKind.REQUEUE, 0), ("B", ActionKind.REQUEUE, 4)]
     assert skipped == []
+
+
+def test_a_job_an_action_in_flight_is_starting_keeps_its_room():
+    """J was requeued to 4 GPUs by an earlier decision and waits, held, for its release
+    (its old GPUs on n1 are free in Slurm now). B runs on n2 beside a rigid job. B's
+    grow this cycle must not take n1: J would then pend in Slurm behind B. Before, a
+    busy job reserved nothing, and B was requeued onto n1."""
+    j = JobView("J", P, Shape(1, 2), held=True, held_by_daemon=True, busy=True,
+                bound_for=start_shape("requeue", 4, 1))
+    b = JobView("B", R, Shape(1, 2), placement=(("n2", 2),))
+    targets = [Target("J", 4), Target("B", 4)]
+    pool = {"n1": 4, "n2": 0, "n3": 2}      # 6 free GPUs, one whole node
+    actions, skipped = plan_actions([j, b], targets, gpus_per_node=4, free_gpus=6,
+                                    free_by_node=pool)
+    assert actions == []
+    assert [(s.job_id, s.reason) for s in skipped] == [
+        ("J", "action in flight"),
+        ("B", "no placement: needs 1 node(s) with 4 free GPUs, 0 have them (most free on "
+              "one node: 2)")]
+    # By GPU count too: J's 4 are spoken for.
+    actions, skipped = plan_actions([j, b], targets, gpus_per_node=4, free_gpus=4)
+    assert actions == [] and skipped[1].reason == "needs 2 GPUs, 0 free"
+    # Room for both (n3 has 4 free): B grows onto n3 and J keeps n1.
+    actions, skipped = plan_actions([j, b], targets, gpus_per_node=4, free_gpus=8,
+                                    free_by_node={**pool, "n3": 4})
+    assert kinds(actions) == [("B", ActionKind.REQUEUE, 4)]
+    # A hold (or a preemption) in flight starts nothing: nothing is reserved for it.
+    held = JobView("J", P, Shape(1, 2), held=True, held_by_daemon=True, busy=True,
+                   bound_for=start_shape("hold", 0, None))
+    actions, _ = plan_actions([held, b], [Target("J", 0), Target("B", 4)], gpus_per_node=4,
+                              free_gpus=4, free_by_node=pool)
+    assert kinds(actions) == [("B", ActionKind.REQUEUE, 4)]
+
+
+def test_start_shape():
+    assert start_shape("requeue", 8, 2) == Shape(2, 4)
+    assert start_shape("admit", 3, 1) == Shape(1, 3)
+    for args in (("requeue", 0, None), ("hold", 0, None), ("shrink", 4, 1),
+                 ("admit", 4, None)):
+        assert start_shape(*args) is None
 
 
 def test_placement_of_admissions_multi_node_shapes_and_in_place_shrinks():
