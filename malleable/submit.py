@@ -348,7 +348,8 @@ def _fail(message: str, code: int) -> None:
 @click.option("--target-steps", metavar="N", help="Iterations to run (default: none).")
 @click.option("--target-samples", metavar="N", help="Samples to process (default: none).")
 @click.option("--target-epochs", metavar="N",
-              help="Epochs to run; needs --samples-per-epoch (default: none).")
+              help="Epochs to run, counted in samples with --samples-per-epoch "
+                   "(default: none).")
 @click.option("--samples-per-epoch", metavar="N", help="Data set size in samples.")
 @click.option("--target-metric", metavar="X",
               help="Stop when the logged metric reaches X (default: none).")
