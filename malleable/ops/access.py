@@ -177,7 +177,11 @@ def open_store(config: Config, *, write: bool = False) -> Iterator[Store]:
         st = _stat(path)
         if st is not None and not os.access(path, os.R_OK):
             raise DatabaseUnavailable(str(path), f"permission denied ({READ_HINT})")
-        readonly_file = st is not None and not os.access(path, os.W_OK)
+        # Read-only too where SQLite could not create the -wal and -shm files next to
+        # it (a group-writable file in a directory the caller cannot write, as the
+        # operator guide sets up, once the daemon's last connection removed them).
+        readonly_file = st is not None and not (
+            os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK))
     if readonly_file:
         engine = readonly_sqlite_engine(path, config.database.busy_timeout_ms)
     else:
