@@ -181,6 +181,12 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
     return doc, curve
 
 
+PLOT_FORMATS = frozenset({"png", "svg", "svgz", "pdf", "jpg", "jpeg", "tif", "tiff", "webp"})
+"""The image formats ``--plot`` writes (where matplotlib's Agg canvas has them): not
+PGF (needs a LaTeX installation), PostScript (no transparency: matplotlib warns) or
+raw pixel buffers."""
+
+
 def plot_format(path: str) -> str:
     """The image format ``--plot PATH`` writes: its extension's (``.png``, ``.svg``,
     ``.pdf``, ``.jpg``, ... as matplotlib's Agg canvas knows them), PNG if it has none.
@@ -191,13 +197,16 @@ def plot_format(path: str) -> str:
     """
     if not path.strip():
         raise BadInput("--plot '': empty path (give a file name, e.g. curve.png)")
+    if path.strip() == "-":
+        raise BadInput("--plot -: an image is not written to standard output; give a file "
+                       "name, e.g. curve.png")
     ext = Path(path).suffix.lower().lstrip(".")
     if not ext:
         return "png"
     pyplot()                          # (matplotlib imported quietly)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    known = FigureCanvasAgg.get_supported_filetypes()
+    known = PLOT_FORMATS & set(FigureCanvasAgg.get_supported_filetypes())
     if ext not in known:
         raise BadInput(f"--plot {path}: cannot write .{ext} images "
                        f"(known: {', '.join('.' + k for k in sorted(known))})")
@@ -217,6 +226,10 @@ def plot_curve(doc: dict, path: str) -> str:
     """
     fmt = plot_format(path)
     c = doc["curve"]
+    if not doc["job"]["malleable"]:
+        raise BadInput(f"--plot {path}: job {doc['job']['job_id']} is rigid (no valid "
+                       f"malleable spec): the daemon never estimates it, so it has no "
+                       f"speedup curve")
     if c is None or not c["points"]:
         raise BadInput(f"--plot {path}: job {doc['job']['job_id']} has no speedup curve yet "
                        f"(no estimate: the daemon estimates a job once it is managed)")
@@ -250,6 +263,9 @@ def plot_curve(doc: dict, path: str) -> str:
             fig.savefig(path, format=fmt)
         except OSError as exc:
             raise BadInput(f"--plot {path}: cannot write: {exc.strerror or exc}") from None
+        except (RuntimeError, ValueError) as exc:   # e.g. a writer's missing tool
+            raise BadInput(f"--plot {path}: matplotlib could not write .{fmt}: {exc}") \
+                from None
     finally:
         plt.close(fig)
     return os.path.abspath(path)

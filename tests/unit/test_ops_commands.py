@@ -273,7 +273,7 @@ def test_job_show_text_rigid_and_unknown(run, tmp_path):
     doc = js(run("job", "show", "104", "--json"))
     assert doc["estimate"] is None and doc["curve"] is None and not doc["job"]["malleable"]
     one_line_error(run("job", "show", "104", "--plot", str(tmp_path / "x.png")), 2,
-                   "has no speedup curve yet")
+                   "job 104 is rigid (no valid malleable spec)")
     one_line_error(run("job", "show", "999"), 2, "job '999': not in the state store")
 
 
@@ -297,9 +297,12 @@ def test_job_show_plot_format_follows_the_extension(run, built, tmp_path):
     assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"          # no extension: PNG, as named
     assert not (tmp_path / "curve.png").exists()
     one_line_error(run("job", "show", "101", "--plot", ""), 2, "--plot '': empty path")
-    r = run("job", "show", "101", "--plot", str(tmp_path / "c.xyz"))
-    one_line_error(r, 2, "cannot write .xyz images (known: ")
-    assert ".svg" in r.output and not (tmp_path / "c.xyz").exists()
+    for ext in ("xyz", "pgf", "eps", "raw"):    # PGF needs LaTeX; PostScript warns
+        r = run("job", "show", "101", "--plot", str(tmp_path / f"c.{ext}"))
+        one_line_error(r, 2, f"cannot write .{ext} images (known: ")
+        assert ".svg" in r.output and not (tmp_path / f"c.{ext}").exists()
+    one_line_error(run("job", "show", "101", "--plot", "-"), 2,
+                   "not written to standard output")
 
 
 # ---------------------------------------------------------------- actions
