@@ -39,7 +39,7 @@ import click
 
 from malleable.clitypes import one_line
 from malleable.config import ConfigError, load_config
-from malleable.slurm import connect
+from malleable.slurm import connect_once
 from malleable.slurm.client import InvalidArgument, SlurmError
 from malleable.slurm.jobid import check_count
 from malleable.slurm.records import ClusterInfo, SubmitRequest
@@ -409,7 +409,7 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
                    f"target is not used (give --samples-per-epoch)", err=True)
     try:
         if offline_gpn is None:
-            client = connect(config.slurm)
+            client = connect_once(config.slurm)
             cluster = client.cluster()
             gpus_per_node = cluster.gpus_per_node
             warning = check_capacity(spec, cluster)

@@ -27,7 +27,6 @@ ingested (their stored samples are used).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sqlite3
 from collections.abc import Iterator
@@ -56,7 +55,7 @@ from malleable.ops.output import (
     table,
 )
 from malleable.ops.status import policy_doc
-from malleable.slurm import connect
+from malleable.slurm import connect_once
 from malleable.slurm.client import SlurmClient
 from malleable.slurm.records import JobState
 
@@ -254,7 +253,6 @@ def plan(config_path: str | None, database_url: str | None, as_json: bool) -> No
     prompt): exit 1 if it does not answer.
     """
     config = effective_config(config_path, database_url)
-    once = dataclasses.replace(config.slurm, max_retries=0)
     with open_store(config) as st:
-        doc = build_plan(config, st, connect(once), datetime.now(UTC))
+        doc = build_plan(config, st, connect_once(config.slurm), datetime.now(UTC))
     emit(doc, as_json, render_plan)

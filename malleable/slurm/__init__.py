@@ -10,6 +10,7 @@ this package runs a Slurm command.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 
@@ -37,10 +38,22 @@ from malleable.slurm.versions import parse_version, version_string
 __all__ = [
     "ClusterInfo", "CliSlurmClient", "InvalidArgument", "InvalidJobId", "JobState",
     "SignalTarget", "SlurmClient", "SlurmError", "SlurmJob", "SlurmNode", "SlurmParseError",
-    "SlurmRejected", "SlurmUnavailable", "SubmitRequest", "connect",
+    "SlurmRejected", "SlurmUnavailable", "SubmitRequest", "connect", "connect_once",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def connect_once(config: SlurmConfig | None = None, *, env: dict | None = None
+                 ) -> SlurmClient:
+    """`connect` for a command at a prompt (`plan`, `submit`): each Slurm call
+    is tried once, within ``command_timeout_s`` ([slurm] max_retries, the daemon's
+    retries with back-off, would keep a user waiting for minutes when Slurm is down).
+
+    Raises:
+        as `connect`.
+    """
+    return connect(dataclasses.replace(config or SlurmConfig(), max_retries=0), env=env)
 
 
 def connect(config: SlurmConfig | None = None, *, env: dict | None = None) -> SlurmClient:

@@ -110,3 +110,21 @@ def test_plan_fails_with_exit_1_when_slurm_does_not_answer(tmp_path, monkeypatch
     assert r.stderr.startswith("malleable plan: error: Slurm did not answer the poll")
     assert "(after 1 attempt(s))" in r.stderr       # at a prompt: no retries with back-off
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_submit_too_asks_slurm_once_when_it_does_not_answer(tmp_path, monkeypatch):
+    """The other command at a prompt: no retries with back-off either (with
+    ``max_retries = 3`` it printed three retry lines and took 40 s)."""
+    cfg = tmp_path / "malleable.toml"
+    cfg.write_text('[slurm]\nbackend = "cli"\nmax_retries = 5\ncommand_timeout_s = 1.5\n')
+    bad = tmp_path / "slurm.conf"
+    bad.write_text("ClusterName=gone\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\n"
+                   "AuthType=auth/none\n")
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\ntrue\n")
+    monkeypatch.setenv("SLURM_CONF", str(bad))
+    r = cli("submit", "--config", str(cfg), "--dry-run", "--gpus", "2-8", str(script))
+    assert r.exit_code == 1, r.output
+    assert r.stderr.startswith("malleable submit: error: scontrol show config")
+    assert "(after 1 attempt(s))" in r.stderr and "retry" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
