@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import re
 import tomllib
+import types
 import typing
 from datetime import UTC, datetime
 from typing import Any
@@ -117,8 +119,17 @@ def _param_docs(cls: type) -> dict[str, str]:
 
 
 def _type_name(tp: Any) -> str:
-    return (getattr(tp, "__name__", None) if not typing.get_args(tp) else None) or \
-        str(tp).replace("typing.", "")
+    """A parameter's type as `policy set` takes it: ``float``, ``"a" | "b"`` for a
+    choice, ``float | null``, ``[float, ...]`` for a list."""
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin in (tuple, list):
+        return f"[{_type_name(args[0])}, ...]" if args else "list"
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
 def policy_catalog() -> list[dict]:
@@ -199,7 +210,8 @@ def render_list(doc: dict) -> str:
         out.append(f"{p['name']}{mark}: {p['summary']}")
         if p["params"]:
             out.append(table(["  PARAMETER", "TYPE", "DEFAULT", "MEANING"],
-                             [(f"  {x['name']}", x["type"], repr(x["default"]), x["doc"])
+                             [(f"  {x['name']}", x["type"], json.dumps(x["default"]),
+                               x["doc"])
                               for x in p["params"]]))
         out.append("")
     return "\n".join(out)

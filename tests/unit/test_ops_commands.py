@@ -426,6 +426,16 @@ def test_policy_list(run):
     assert next(x for x in doc["policies"] if x["name"] == "default")["alias_of"] == "pollux"
     text = run("policy", "list").stdout
     assert "default (active): alias of pollux" in text and "thresholds" in text
+    # Every default as shown is what `policy set` takes (it showed Python's True, None,
+    # 'goodput', which `policy set` refused or read as other strings).
+    assert 'p_from     "goodput" | "samples"  "goodput"' in text
+    assert "float | null           null" in text and "True" not in text
+    for pol in doc["policies"]:
+        for x in pol["params"]:
+            shown = next(ln for ln in text.splitlines() if ln.split()[:1] == [x["name"]]
+                         and json.dumps(x["default"]) in ln)
+            assert parse_assignments([f"{x['name']}={json.dumps(x['default'])}"]) == \
+                {x["name"]: x["default"]}, shown
 
 
 def test_parse_assignments():
