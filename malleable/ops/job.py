@@ -287,7 +287,8 @@ def render_job(doc: dict) -> str:
             if j["gpus"] else "no GPUs")
     out = [f"job {j['job_id']} ({j['name']}, user {j['user']}, partition {j['partition']}): "
            f"{j['state']}{' (held)' if j['held'] else ''}"
-           f"{', reason ' + j['reason'] if j['reason'] else ''}, {size}",
+           f"{', reason ' + j['reason'] if j['reason'] and j['state'] == 'PENDING' else ''}"
+           f", {size}",
            f"spec:      {sp['text'] or '-'}" + (f"  [INVALID: {sp['error']}]" if sp["error"]
                                                  else ""),
            f"times:     arrived {j['arrival_time'] or '-'}, {_start_text(j)}, "

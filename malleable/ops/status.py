@@ -257,7 +257,9 @@ def _action(a: dict | None) -> str:
 def _state(j: dict) -> str:
     """STATE as squeue would say it: the state, then held and Slurm's reason, e.g.
     ``PENDING (held, Resources)``."""
-    why = (["held"] if j["held"] else []) + ([j["reason"]] if j.get("reason") else [])
+    pending = j["state"] == "PENDING"     # (a finished job keeps its last pending reason)
+    why = (["held"] if j["held"] else []) + ([j["reason"]] if pending and j.get("reason")
+                                             else [])
     return j["state"] + (f" ({', '.join(why)})" if why else "")
 
 

@@ -181,6 +181,12 @@ def test_status_text_and_all(run):
     doc = js(run("status", "--all", "--json"))
     assert [j["job_id"] for j in doc["jobs"]] == ["101", "102", "103"]
     assert doc["jobs"][2]["state"] == "COMPLETED"
+    # 103 ended while its row kept its pending reason: only a pending job shows one.
+    assert doc["jobs"][2]["reason"] == "Resources"
+    line = next(x for x in run("status", "--all").stdout.splitlines() if x.startswith("103 "))
+    assert "COMPLETED " in line and "Resources" not in line
+    text = run("job", "show", "103").stdout
+    assert "COMPLETED, " in text and "reason Resources" not in text
 
 
 def test_daemon_health_from_the_lease(built, cfg):
