@@ -430,6 +430,8 @@ def load_config(path: str | os.PathLike | None = None, env: dict | None = None) 
     explicit = path is not None or bool(env.get(ENV_CONFIG))
     p = Path(path if path is not None else (env.get(ENV_CONFIG) or DEFAULT_CONFIG_PATH))
     if not p.exists():
+        if path is None and explicit:    # named by the environment, not by --config
+            raise ConfigError(f"${ENV_CONFIG}={p}: configuration file not found")
         if explicit:
             raise ConfigError(f"{p}: configuration file not found")
         return parse_config({}, source="<defaults>", env=env)

@@ -211,6 +211,7 @@ class Daemon:
         self.actuator = Actuator(slurm, sessions)
         self.observed: dict[str, SlurmJob] = {}
         self.poll_ok = False
+        self.poll_error: str | None = None   # why the last failed poll failed (Slurm's words)
         self.poll_incomplete = False
         self.paused = False  # the operator's pause, as the last successful poll read it
         # The operator's policy choice (name, params) as that poll read it; None: none.
@@ -260,6 +261,7 @@ class Daemon:
             jobs = self.slurm.jobs()
         except SlurmError as exc:
             self.poll_ok = False
+            self.poll_error = str(exc)
             log.warning("poll failed, Slurm unavailable: %s; no decision or change until "
                         "it answers", exc)
             return False

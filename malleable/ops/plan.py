@@ -139,7 +139,7 @@ def build_plan(config: Config, st: Store, slurm: SlurmClient, now: datetime) -> 
         report = CycleReport("decide", 0, now, paused=paused, dry_run=True)
         if not d.poll(now):
             raise Failed("Slurm did not answer the poll; nothing planned"
-                         + (f" ({warnings.messages[-1]})" if warnings.messages else ""))
+                         + (f" ({d.poll_error})" if d.poll_error else ""))
         report.ingest = d.ingest(now)
         d.drive(now, paused)
         decided = d.decide(now, report)

@@ -30,8 +30,10 @@ from malleable.slurm_conf.snippet import snippet as make_snippet
 
 
 def _usage_error(message: str) -> NoReturn:
-    """Print ``malleable conf: error: MESSAGE`` on stderr and exit with status 2."""
-    click.echo(f"malleable conf: error: {message}", err=True)
+    """Print ``malleable conf SUBCOMMAND: error: MESSAGE`` on stderr and exit with
+    status 2 (the command path as invoked, e.g. ``malleable conf check``)."""
+    ctx = click.get_current_context(silent=True)
+    click.echo(f"{ctx.command_path if ctx else 'malleable conf'}: error: {message}", err=True)
     raise click.exceptions.Exit(2)
 
 
@@ -39,7 +41,8 @@ def _config(ctx: click.Context) -> Config:
     try:
         return load_config(ctx.obj.get("config_path"))
     except ConfigError as exc:
-        _usage_error(f"--config: {exc}")
+        msg = str(exc)
+        _usage_error(msg if msg.startswith("--config") else f"--config: {msg}")
 
 
 _CONFIG_HELP = ("malleable's settings file (default $MALLEABLE_CONFIG or "

@@ -75,6 +75,9 @@ def test_bad_values_name_key_and_value(tmp_path, text, words):
 def test_missing_explicit_file_is_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.toml", env={})
+    # named by $MALLEABLE_CONFIG: the message says so
+    with pytest.raises(ConfigError, match=r"^\$MALLEABLE_CONFIG=.*nope.toml: configuration file"):
+        load_config(env={"MALLEABLE_CONFIG": str(tmp_path / "nope.toml")})
 
 
 @pytest.mark.parametrize("path", ["", "  "])

@@ -33,7 +33,7 @@ def empty_malleable_config(tmp_path_factory, monkeypatch):
 
 
 def invoke(*args, env=None):
-    return CliRunner().invoke(main, ["conf", *args], env=env)
+    return CliRunner().invoke(main, ["conf", *args], env=env, prog_name="malleable")
 
 
 def test_conf_is_registered():
@@ -87,7 +87,18 @@ def test_default_path_comes_from_slurm_conf_env(tmp_path):
     assert result.exit_code == 0 and f"slurm.conf: {path}" in result.output
     result = invoke("check", "--no-controller", env={"SLURM_CONF": str(tmp_path / "nope")})
     assert result.exit_code == 2
-    assert result.output == f"malleable conf: error: $SLURM_CONF {tmp_path / 'nope'}: no such file\n"
+    assert result.output == \
+        f"malleable conf check: error: $SLURM_CONF {tmp_path / 'nope'}: no such file\n"
+
+
+def test_config_errors_name_the_subcommand_and_the_option_once(tmp_path):
+    result = invoke("check", "--no-controller", "--config", "")
+    assert result.exit_code == 2
+    assert result.output.startswith("malleable conf check: error: --config '': empty path")
+    result = invoke("check", "--no-controller", "--config", str(tmp_path / "none.toml"))
+    assert result.exit_code == 2 and result.output == \
+        f"malleable conf check: error: --config: {tmp_path / 'none.toml'}: configuration " \
+        f"file not found\n"
 
 
 @pytest.mark.parametrize("args,words", [
