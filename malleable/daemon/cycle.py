@@ -212,6 +212,9 @@ class Daemon:
         self.observed: dict[str, SlurmJob] = {}
         self.poll_ok = False
         self.poll_error: str | None = None   # why the last failed poll failed (Slurm's words)
+        # Whether the process is stopping (the service sets it; a failed poll is then
+        # logged as cut short, not as Slurm being unavailable).
+        self.stopping: Callable[[], bool] = lambda: False
         self.poll_incomplete = False
         self.paused = False  # the operator's pause, as the last successful poll read it
         # The operator's policy choice (name, params) as that poll read it; None: none.
@@ -262,8 +265,11 @@ class Daemon:
         except SlurmError as exc:
             self.poll_ok = False
             self.poll_error = str(exc)
-            log.warning("poll failed, Slurm unavailable: %s; no decision or change until "
-                        "it answers", exc)
+            if self.stopping():   # e.g. Ctrl-C reached squeue too: not an outage
+                log.info("poll cut short by the stop: %s", exc)
+            else:
+                log.warning("poll failed, Slurm unavailable: %s; no decision or change "
+                            "until it answers", exc)
             return False
         finally:
             self._rpc_poll += self.rpc_count() - rpc0
@@ -765,9 +771,13 @@ class Daemon:
                  else "")
         return report
 
-    def _paused(self) -> bool:
+    def read_operator_settings(self) -> bool:
+        """Read the operator's pause and policy choice from the store (also when Slurm
+        does not answer: the log acknowledges a `pause` during a Slurm outage at once).
+        Returns whether the daemon is paused."""
         with self.sessions() as s:
-            return store.is_paused(s)
+            self._note_operator_settings(*store.operator_settings(s))
+        return self.paused
 
     def poll_cycle(self) -> CycleReport:
         """Poll, ingest, advance in-flight actions."""
@@ -778,7 +788,7 @@ class Daemon:
             report.ingest = self.last_ingest
             report.drive = self.drive(now, report.paused)
         else:
-            report.paused = self._paused()
+            report.paused = self.read_operator_settings()
             report.slurm_unavailable = True
         return self._end(report, t0, rpc0)
 
@@ -786,7 +796,7 @@ class Daemon:
         """Poll, ingest, advance actions, decide, reconcile, act."""
         report, now, t0, rpc0 = self._begin("decide")
         if not self.poll(now, ingest=True):
-            report.paused = self._paused()
+            report.paused = self.read_operator_settings()
             report.slurm_unavailable = True
             return self._end(report, t0, rpc0)
         report.paused = self.paused

@@ -125,6 +125,7 @@ class Service:
         self.scheduler: BlockingScheduler | None = None
         self.metrics: Callable[[CycleReport], None] | None = None   # see metrics_factory
         self._stopping = threading.Event()
+        self.daemon.stopping = self._stopping.is_set   # a poll the stop cut short is no outage
         # Held while a scheduled job runs: the stop waits for it before cleaning up.
         self._busy = threading.Lock()
         # time.monotonic() when the running cycle started (None: idle), for the heartbeat.
@@ -234,8 +235,10 @@ class Service:
     def start(self) -> int:
         """Take the lease, run until stopped (or once). Returns the exit code."""
         self._take_lease()
-        log.info("lease taken by %s; policy %s; %s", self.holder, self.config.policy.name,
+        log.info("lease taken by %s; configured policy %s; %s", self.holder,
+                 self.config.policy.name,
                  "DRY RUN: no change to Slurm" if self.dry_run else "acting on Slurm")
+        self.daemon.read_operator_settings()   # a pause or an operator's policy: said now
         try:
             if self.options.metrics_factory is not None:
                 self.metrics = self.options.metrics_factory()

@@ -436,6 +436,33 @@ def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog)
            "decision" in said
 
 
+
+def test_a_pause_during_a_slurm_outage_is_acknowledged_at_once(tmp_path, caplog):
+    """The guide recommends `pause` for Slurm maintenance: the failed polls of the
+    outage still read the store, and the log says the pause was taken up."""
+    c = Cluster(tmp_path, slurm_cls=FlakySlurm)
+    c.malleable()
+    c.advance(1)
+    c.daemon.poll_cycle()
+    c.slurm.down = frozenset({"jobs"})
+    with c.sessions() as s, s.begin():
+        store.set_paused(s, True, c.engine.datetime_at())
+    with caplog.at_level(logging.INFO, logger="malleable.daemon.cycle"):
+        r = c.daemon.decide_cycle()
+    assert r.slurm_unavailable and r.paused
+    said = [x.getMessage() for x in caplog.records]
+    assert any(m.startswith("poll failed, Slurm unavailable") for m in said)
+    assert any(m.startswith("paused by an operator: observing and planning") for m in said)
+    # A poll a stop cut short (Ctrl-C reaches squeue too) is not logged as an outage.
+    caplog.clear()
+    c.daemon.stopping = lambda: True
+    with caplog.at_level(logging.INFO, logger="malleable.daemon.cycle"):
+        c.daemon.poll_cycle()
+    assert [(x.levelno, x.getMessage().split(":")[0]) for x in caplog.records
+            if x.getMessage().startswith(("poll failed", "poll cut"))] == \
+        [(logging.INFO, "poll cut short by the stop")]
+
+
 def test_the_inputs_cache_gives_what_reading_the_events_gives(tmp_path):
     from malleable.daemon.inputs import build_inputs
 
