@@ -334,7 +334,8 @@ def _fail(message: str, code: int) -> None:
                                            "allow_interspersed_args": True})
 @click.option("--spec", "spec_text", metavar="SPEC",
               help="A whole spec, e.g. 'gpus=2-16,step=4' (with or without 'malleable:').")
-@click.option("--gpus", metavar="MIN-MAX", help="GPU range, e.g. 2-16 (or N).")
+@click.option("--gpus", metavar="MIN-MAX",
+              help="GPU range, e.g. 2-16 (or N); required unless the spec has gpus=.")
 @click.option("--step", metavar="N",
               help="GPU counts above the minimum are multiples of N (default 1).")
 @click.option("--signal", metavar="SIG", help="Checkpoint signal (default USR1).")
@@ -350,17 +351,21 @@ def _fail(message: str, code: int) -> None:
 @click.option("--target-epochs", metavar="N",
               help="Epochs to run, counted in samples with --samples-per-epoch "
                    "(default: none).")
-@click.option("--samples-per-epoch", metavar="N", help="Data set size in samples.")
+@click.option("--samples-per-epoch", metavar="N",
+              help="Data set size in samples (default: none).")
 @click.option("--target-metric", metavar="X",
               help="Stop when the logged metric reaches X (default: none).")
 @click.option("--metric-goal", metavar="max|min",
               help="Is a larger (max) or smaller (min) metric better (default max)?")
-@click.option("--batch", metavar="N", help="Initial global batch size m0.")
+@click.option("--batch", metavar="N",
+              help="Initial global batch size m0 (default: the first one the job logs).")
 @click.option("--max-batch", metavar="N",
               help="Largest global batch, >= --batch (default: none).")
 @click.option("--max-local-batch", metavar="N",
               help="Largest per-GPU batch (default: none).")
-@click.option("--model", metavar="NAME", help="Model name for priors (e.g. cifar10).")
+@click.option("--model", metavar="NAME",
+              help="Model name: jobs of one model share estimates (priors), e.g. cifar10 "
+                   "(default: none).")
 @click.option("--restart-cost", metavar="SECONDS",
               help="Seconds a checkpoint-requeue costs the job (default: measured).")
 @click.option("--initial-gpus", type=click.IntRange(min=1), metavar="K",
@@ -378,7 +383,23 @@ def _fail(message: str, code: int) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, required=True,
                 metavar="[SBATCH_OPTIONS]... SCRIPT")
 def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **options) -> None:
-    """Submit SCRIPT (the last argument) as a malleable job; other options go to sbatch."""
+    """Submit SCRIPT (the last argument) as a malleable job; other options go to sbatch.
+
+    The spec needs a GPU range (--gpus, or gpus= in --spec or in the script's
+    `#SBATCH --comment=malleable:...`). It is merged field by field: the script's
+    comment, then a --comment given here, then --spec, then the options below; a
+    later one wins, also an option given twice.
+
+    --gpus, --signal and --gpus-per-node are malleable's options here, not sbatch's.
+    sbatch's GPU and node requests (--gres, --gpus*, -G, -N/--nodes,
+    --tres-per-node) are refused: the spec decides the size. So are --no-requeue, an
+    --open-mode other than append, an --export without ALL, and --wrap. Script
+    arguments are not supported: pass them through the environment. Without a batch
+    size (--batch), the daemon leaves the job to Slurm until the job logs one.
+
+    Prints the job id. Exit status: 0 submitted, 1 Slurm refused or did not answer,
+    2 bad input (one line naming the option and the value).
+    """
     if offline_gpn is not None and not dry_run:
         _fail("--gpus-per-node: only with --dry-run (a submission reads the cluster's)", 2)
     script, passthrough = args[-1], list(args[:-1])
@@ -387,6 +408,13 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
               "(write the command into a script)", 2)
     if script.startswith("-"):
         _fail(f"{script}: the batch script must be the last argument", 2)
+    if not os.path.exists(script):
+        earlier = next((w for w in passthrough if not w.startswith("-") and os.path.isfile(w)),
+                       None)
+        if earlier is not None:
+            _fail(f"{script}: no such file; the batch script ({earlier}?) must be the last "
+                  f"argument: script arguments are not supported (pass them through the "
+                  f"environment)", 2)
     bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w)), None)
     if bad:
         _fail(f"{bad}: malleable submit sets the GPU request from the spec "

@@ -114,6 +114,17 @@ def test_missing_script_exits_2(tmp_path):
     assert "No such file" in result.output
 
 
+
+def test_script_arguments_are_refused_naming_the_script(tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\ntrue\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
+                                  "2-4", str(script), "extra"])
+    assert r.exit_code == 2
+    assert f"extra: no such file; the batch script ({script}?) must be the last argument: " \
+           "script arguments are not supported" in r.output
+
+
 def test_capacity_check_warns_above_the_cluster_and_refuses_a_minimum_above_it():
     from malleable.slurm.records import ClusterInfo
     from malleable.submit import check_capacity
