@@ -23,6 +23,7 @@ from malleable.db import store
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.auth import caller, require_operator
 from malleable.ops.output import emit, handle_errors, iso, json_option, store_options
+from malleable.ops.status import daemon_health
 
 SCHEMA = "malleable.pause/1"
 
@@ -40,8 +41,10 @@ def set_paused(config_path: str | None, database_url: str | None, paused: bool) 
     with open_store(config, write=True) as st, st.sessions() as s, s.begin():
         was = store.is_paused(s)
         store.set_paused(s, paused, now)
+        health = daemon_health(s, config, now)["health"]
     return {"schema": SCHEMA, "paused": paused, "changed": was != paused, "time": iso(now),
-            "by": caller(), "uid": os.geteuid(), "database": st.where}
+            "by": caller(), "uid": os.geteuid(), "database": st.where,
+            "daemon_health": health}
 
 
 def render_pause(doc: dict) -> str:
@@ -50,9 +53,17 @@ def render_pause(doc: dict) -> str:
         head = "paused" if doc["changed"] else "already paused"
         return (f"{head}: from its next cycle the daemon observes and plans but starts no "
                 f"action; it releases the jobs it held and completes requeues already past "
-                f"their checkpoint. Undo with `malleable resume`.")
+                f"their checkpoint. Undo with `malleable resume`." + _no_daemon(doc))
     head = "resumed" if doc["changed"] else "not paused"
-    return f"{head}: the daemon applies its decisions from its next cycle."
+    return f"{head}: the daemon applies its decisions from its next cycle." + _no_daemon(doc)
+
+
+def _no_daemon(doc: dict) -> str:
+    health = doc.get("daemon_health")
+    if health in (None, "healthy"):
+        return ""
+    return (f" No daemon is running now (status: {health}): it takes effect when one "
+            f"starts.")
 
 
 @click.command("pause")

@@ -203,7 +203,7 @@ def fmt_number(x: float | None, unit: str = "") -> str:
     """A number with three significant figures (thousands grouped), "-" for None."""
     if x is None:
         return "-"
-    if abs(x) >= 1000:
+    if abs(x) >= 100:
         out = f"{x:,.0f}"
     elif abs(x) >= 10:
         out = f"{x:.1f}"

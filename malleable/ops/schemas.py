@@ -351,6 +351,8 @@ PAUSE = _schema("malleable.pause/1", "malleable pause / resume",
     "by": _t("string", "who ran it: user, uid and groups"),
     "uid": _t("integer", "effective uid"),
     "database": _t("string", "the database changed"),
+    "daemon_health": _t("string", "the daemon's health now (healthy, stale, absent): "
+                                  "the change takes effect when a healthy daemon polls"),
 })
 
 POLICY_SHOW = _schema("malleable.policy/1", "malleable policy show / set",

@@ -150,7 +150,7 @@ def test_text_helpers():
     assert iso(T0) == "2026-03-01T12:00:00Z" and iso(None) is None
     assert [fmt_duration(x) for x in (None, 5, 119, 600, 3 * 3600 + 5 * 60, 2 * 86400 + 7200)] \
         == ["-", "5 s", "119 s", "10 min", "3 h 05 min", "2 d 2 h"]
-    assert [fmt_number(x) for x in (None, 0.01234, 12.34, 123456.7)] == \
-        ["-", "0.0123", "12.3", "123,457"]
+    assert [fmt_number(x) for x in (None, 0.01234, 12.34, 500.0, 123456.7)] == \
+        ["-", "0.0123", "12.3", "500", "123,457"]
     out = table(["A", "NUM"], [("x", 1), ("long", None)], right=(1,)).splitlines()
     assert out == ["A     NUM", "x       1", "long    -"]
