@@ -502,13 +502,19 @@ class Daemon:
 
     # ------------------------------------------------------------------ decide
 
-    def _note_operator_settings(self, paused: bool, policy: tuple[str, dict] | None) -> None:
+    def _note_operator_settings(self, paused: bool, policy: tuple[str, dict] | None,
+                                start: bool = False) -> None:
         """Take the operator's pause and policy choice as this poll read them, and log
         a change (`malleable pause`, `resume`, `policy set`, `policy reset` write only
         the store; the daemon's log is where an admin reads when they took effect).
-        The first read of a process logs a pause or an operator's policy in force."""
+        The first read logs a pause or an operator's policy in force only with
+        ``start`` (the service starting); otherwise (e.g. `malleable plan`'s one
+        dry-run cycle) it is silent."""
         first = not self._settings_read
         self._settings_read = True
+        if first and not start:
+            self.paused, self.operator_policy = paused, policy
+            return
         if paused and (first or not self.paused):
             log.warning("%s: observing and planning, starting no action (malleable resume "
                         "ends it)", "starting paused by an operator" if first
@@ -771,12 +777,13 @@ class Daemon:
                  else "")
         return report
 
-    def read_operator_settings(self) -> bool:
+    def read_operator_settings(self, start: bool = False) -> bool:
         """Read the operator's pause and policy choice from the store (also when Slurm
         does not answer: the log acknowledges a `pause` during a Slurm outage at once).
-        Returns whether the daemon is paused."""
+        ``start``: the service starting; a pause or an operator's policy in force is
+        logged. Returns whether the daemon is paused."""
         with self.sessions() as s:
-            self._note_operator_settings(*store.operator_settings(s))
+            self._note_operator_settings(*store.operator_settings(s), start=start)
         return self.paused
 
     def poll_cycle(self) -> CycleReport:

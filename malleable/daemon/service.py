@@ -238,7 +238,7 @@ class Service:
         log.info("lease taken by %s; configured policy %s; %s", self.holder,
                  self.config.policy.name,
                  "DRY RUN: no change to Slurm" if self.dry_run else "acting on Slurm")
-        self.daemon.read_operator_settings()   # a pause or an operator's policy: said now
+        self.daemon.read_operator_settings(start=True)   # a pause in force: said now
         try:
             if self.options.metrics_factory is not None:
                 self.metrics = self.options.metrics_factory()

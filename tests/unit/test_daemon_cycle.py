@@ -430,10 +430,19 @@ def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog)
         store.set_policy(s, "las", {}, c.engine.datetime_at())
     c.daemon = Daemon(slurm=c.slurm, sessions=c.sessions, clock=c.engine.datetime_at,
                       spool_dir=str(c.spool), config=c.daemon.config)
-    said = cycle()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="malleable.daemon.cycle"):
+        assert c.daemon.read_operator_settings(start=True)   # as the service at start
+    said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("starting paused by an operator") for m in said)
     assert "policy las {} set by an operator (in force at start): it decides from the next " \
            "decision" in said
+    assert cycle() == []                                # the poll after: nothing new
+    # A process that is not the service (e.g. `malleable plan`'s dry-run cycle) reads
+    # them silently.
+    c.daemon = Daemon(slurm=c.slurm, sessions=c.sessions, clock=c.engine.datetime_at,
+                      spool_dir=str(c.spool), config=c.daemon.config)
+    assert cycle() == [] and c.daemon.paused
 
 
 
