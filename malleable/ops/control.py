@@ -62,8 +62,8 @@ def _no_daemon(doc: dict) -> str:
     health = doc.get("daemon_health")
     if health in (None, "healthy"):
         return ""
-    return (f" No daemon is running now (status: {health}): it takes effect when one "
-            f"starts.")
+    return (f" No healthy daemon holds the lease now (daemon {health}, see `malleable "
+            f"status`): it takes effect when one runs.")
 
 
 @click.command("pause")

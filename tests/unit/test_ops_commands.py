@@ -357,8 +357,8 @@ def test_pause_and_resume_as_root(run):
     assert js(run("status", "--json"))["paused"] is False
     # The store's lease is old (no daemon renews it): the command says when it applies.
     assert doc["daemon_health"] == "stale"
-    assert "No daemon is running now (status: stale): it takes effect when one starts." \
-        in r.stdout
+    assert "No healthy daemon holds the lease now (daemon stale, see `malleable status`): " \
+        "it takes effect when one runs." in r.stdout
 
 
 def test_pause_refused_for_a_non_operator(run, monkeypatch):
