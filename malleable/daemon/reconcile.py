@@ -148,6 +148,13 @@ class NodePool:
             return None
         return tuple((n, k) for _, n in nodes[:shape.nodes])
 
+    def claim(self, shape: Shape) -> tuple[tuple[str, int], ...] | None:
+        """`fit` ``shape`` and `take` the place found; None (nothing taken) if none."""
+        where = self.fit(shape)
+        if where is not None:
+            self.take(where)
+        return where
+
     def describe(self, shape: Shape) -> str:
         """Why ``shape`` does not fit, for the skip reason."""
         room = sum(1 for f in self.free.values() if f >= shape.gpus_per_node)
@@ -300,22 +307,18 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
     # Jobs an earlier action is starting come first: their GPUs and a place for them.
     for start in bound:
         budget = max(0, budget - start.gpus)
-        where = pool.fit(start) if pool is not None else None
-        if where is not None:
-            pool.take(where)
+        if pool is not None:
+            pool.claim(start)
 
     # Smaller restarts, once every free of the plan is counted: on their own nodes or
     # elsewhere; one that fits nowhere keeps running as it is.
     for action, v in restarts:
-        where = pool.fit(action.to_shape)
-        if where is None:
+        if pool.claim(action.to_shape) is None:
             skipped.append(Skipped(v.job_id, pool.describe(action.to_shape)))
             frees.remove(action)
             pool.take(v.placement)
             requeue_slots += 1
             budget -= action.from_gpus - action.to_gpus
-            continue
-        pool.take(where)
 
     admitted: list[PlannedAction] = []
     for action, need, gated, start in takes:
@@ -323,10 +326,8 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
             budget = max(0, budget - need)
             if action is not None:
                 admitted.append(action)
-            # It competes for GPUs whatever we do: where it would start is taken.
-            where = pool.fit(start) if pool is not None else None
-            if where is not None:
-                pool.take(where)
+            if pool is not None:   # it competes for GPUs whatever we do: its place is taken
+                pool.claim(start)
             continue
         is_requeue = action.kind == ActionKind.REQUEUE
         if need > budget:
@@ -338,12 +339,10 @@ def plan_actions(views: Iterable[JobView], targets: Iterable[Target], *, gpus_pe
         if pool is not None:
             own = grows.get(action.job_id, ())
             pool.give(own)               # a requeued job's own GPUs are free again
-            where = pool.fit(action.to_shape)
-            if where is None:
+            if pool.claim(action.to_shape) is None:
                 pool.take(own)
                 skipped.append(Skipped(action.job_id, pool.describe(action.to_shape)))
                 continue
-            pool.take(where)
         if is_requeue:
             requeue_slots -= 1
         budget -= need
