@@ -515,18 +515,20 @@ class Daemon:
         if first and not start:
             self.paused, self.operator_policy = paused, policy
             return
-        if paused and (first or not self.paused):
+        # (Before the first read: not paused, no operator's policy; so at start a pause
+        # or a policy in force is a change from those.)
+        if paused and not self.paused:
             log.warning("%s: observing and planning, starting no action (malleable resume "
                         "ends it)", "starting paused by an operator" if first
                         else "paused by an operator")
-        elif not paused and self.paused and not first:
+        elif not paused and self.paused:
             log.warning("resumed by an operator: acting on decisions again")
-        if policy != self.operator_policy or (first and policy is not None):
+        if policy != self.operator_policy:
             if policy is not None:
                 log.info("policy %s %s set by an operator%s: it decides from the next "
                          "decision", policy[0], json.dumps(policy[1], sort_keys=True),
                          " (in force at start)" if first else "")
-            elif not first:
+            else:
                 log.info("the operator's policy choice was reset: the configuration's "
                          "policy %s %s decides from the next decision",
                          self.config.policy.name,
