@@ -43,8 +43,10 @@ from malleable.ops.views import (
     RECENT_SAMPLES,
     GoodputCurve,
     estimate_bits,
+    eta_with_wait,
     flag_names,
     goodput_curve,
+    queue_wait,
     recent_throughput,
     remaining_time,
     resolve_gpus_per_node,
@@ -133,6 +135,7 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
     target_gpus = targets[0].gpus if targets else None
     at = target_gpus if target_gpus is not None else (job.gpus if job.state == "RUNNING" else 0)
     goodput = curve.at(at) if curve is not None and at else None
+    wait = queue_wait(job.state, job.start_time, now)
     params = (est.params or {}) if est else {}
     doc = {
         "schema": SCHEMA,
@@ -174,7 +177,8 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
             "p": finite(params.get("p")), "phi": finite(params.get("phi")),
             "m0": finite(params.get("m0")), "progress": finite(params.get("progress")),
             "flags": flag_names((est.flags or {}).get("bits")),
-            "eta_s": finite(remaining_time(work, goodput), 1), "eta_gpus": at or None},
+            "eta_s": finite(eta_with_wait(remaining_time(work, goodput), wait), 1),
+            "wait_s": finite(wait, 1), "eta_gpus": at or None},
         "curve": curve_doc(curve, g_source),
         "plot": None,
     }
@@ -280,6 +284,15 @@ def _start_text(j: dict) -> str:
     return f"started {j['start_time'] or '-'}"
 
 
+def _wait_text(j: dict, e: dict) -> str:
+    """What a pending job's ETA says of its wait in the queue."""
+    if j["state"] != "PENDING" or e["eta_s"] is None:
+        return ""
+    if e.get("wait_s") is None:
+        return " after it starts (Slurm gives no expected start)"
+    return f" (of which {fmt_duration(e['wait_s'])} waiting for Slurm's expected start)"
+
+
 def render_job(doc: dict) -> str:
     """The text view of a ``malleable.job/1`` document."""
     j, sp, pr = doc["job"], doc["spec"], doc["progress"]
@@ -324,7 +337,8 @@ def render_job(doc: dict) -> str:
                    + (f" (sd {fmt_number(e['remaining_work_sd'])})"
                       if e["remaining_work_sd"] else "")
                    + f", ETA {fmt_duration(e['eta_s'])}"
-                   + (f" at {e['eta_gpus']} GPUs" if e["eta_gpus"] else ""))
+                   + (f" at {e['eta_gpus']} GPUs" if e["eta_gpus"] else "")
+                   + _wait_text(j, e))
         out.append(f"           p = {fmt_number(e['p'])}, phi = {fmt_number(e['phi'])}, "
                    f"m0 = {fmt_number(e['m0'])}; flags: {', '.join(e['flags']) or 'none'}")
     c = doc["curve"]

@@ -178,8 +178,10 @@ STATUS = _schema("malleable.status/1", "malleable status",
         "goodput_at_target": _null("number", "fitted goodput at the target's GPU count "
                                              "(else at its current count), samples at m0 "
                                              "per second"),
-        "eta_s": _null("number", "estimated seconds to finish: remaining_work / "
-                                 "goodput_at_target"),
+        "eta_s": _null("number", "estimated seconds to finish: wait_s (if any) + "
+                                 "remaining_work / goodput_at_target"),
+        "wait_s": _null("number", "a PENDING job's seconds to Slurm's expected start "
+                                  "(null: not pending, or Slurm gives none)"),
         "remaining_basis": _null("string", "what remaining_work rests on: target (declared "
                                            "steps, samples or epochs), curve (learning curve "
                                            "to a target metric), history (finished jobs' "
@@ -276,7 +278,10 @@ JOB = _schema("malleable.job/1", "malleable job show",
         "progress": _null("number", "attained work, samples at m0"),
         "flags": _arr("which parts came from priors or fallbacks (EstimateFlags names)",
                       {"type": "string"}),
-        "eta_s": _null("number", "remaining_work over the goodput at eta_gpus, seconds"),
+        "eta_s": _null("number", "wait_s (if any) + remaining_work over the goodput at "
+                                 "eta_gpus, seconds"),
+        "wait_s": _null("number", "a PENDING job's seconds to Slurm's expected start "
+                                  "(null: not pending, or Slurm gives none)"),
         "eta_gpus": _null("integer", "the GPU count of eta_s: the latest target, else the "
                                      "current count"),
     }, nullable=True),

@@ -52,7 +52,9 @@ from malleable.ops.output import (
 from malleable.ops.views import (
     RECENT_SAMPLES,
     estimate_bits,
+    eta_with_wait,
     goodput_curve,
+    queue_wait,
     recent_throughput,
     remaining_basis,
     remaining_time,
@@ -135,8 +137,10 @@ def last_actions(s: Session, job_ids: list[int]) -> dict[int, Action]:
     return {a.job_id: a for a in s.scalars(select(Action).where(Action.id.in_(newest)))}
 
 
-def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node: int) -> list:
-    """The ``jobs`` entries of the status document (see docs/cli-json.md)."""
+def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node: int,
+             now: datetime) -> list:
+    """The ``jobs`` entries of the status document (see docs/cli-json.md). ``now``
+    (aware UTC) measures a pending job's wait to Slurm's expected start."""
     ids = [j.id for j in jobs]
     samples = store.latest_samples(s, ids, RECENT_SAMPLES) if ids else {}
     estimates = store.latest_estimates(s, ids) if ids else {}
@@ -154,7 +158,8 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
         curve = goodput_curve(est.params if est else None, j.spec, gpus_per_node, extra=[at],
                               flags=estimate_bits(est))
         goodput = curve.at(at) if curve is not None and at > 0 else None
-        eta = remaining_time(work, goodput)
+        wait = queue_wait(j.state, j.start_time, now)
+        eta = eta_with_wait(remaining_time(work, goodput), wait)
         a = actions.get(j.id)
         out.append({
             "job_id": j.slurm_job_id, "name": j.name, "user": j.user, "state": j.state,
@@ -165,6 +170,7 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
             "remaining_work": finite(work, 1),
             "goodput_at_target": finite(goodput, 3),
             "eta_s": finite(eta, 1),
+            "wait_s": finite(wait, 1),
             "remaining_basis": remaining_basis(estimate_bits(est)),
             "estimate_time": iso(est.time) if est else None,
             "last_action": action_doc(a, j.slurm_job_id) if a is not None else None,
@@ -200,7 +206,7 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
     last_poll = max((t for t in (seen, polled) if t is not None), default=None)
     held = s.scalar(select(func.coalesce(func.sum(Job.gpus), 0)).where(
         Job.malleable.is_(True), Job.state == "RUNNING"))
-    rows = job_rows(s, jobs, targets, g)
+    rows = job_rows(s, jobs, targets, g, now)
     health = daemon_health(s, config, now)
     policy = policy_doc(s, config)
     try:   # the registry's check, as `policy show` (validate_policy) and the daemon use it
@@ -267,9 +273,15 @@ def _guessed(j: dict) -> bool:
     return j["eta_s"] is not None and j.get("remaining_basis") in ("history", "default")
 
 
+def _wait_unknown(j: dict) -> bool:
+    return j["eta_s"] is not None and j["state"] == "PENDING" and j.get("wait_s") is None
+
+
 def _eta(j: dict) -> str:
-    """ETA, marked ``~`` when the remaining work is a guess (no declared target)."""
-    return ("~" if _guessed(j) else "") + fmt_duration(j["eta_s"])
+    """ETA, marked ``~`` when the remaining work is a guess (no declared target) and
+    ``>`` for a pending job Slurm gives no expected start (its wait is not in it)."""
+    return (("~" if _guessed(j) else "") + (">" if _wait_unknown(j) else "")
+            + fmt_duration(j["eta_s"]))
 
 
 def render_status(doc: dict) -> str:
@@ -320,6 +332,9 @@ def render_status(doc: dict) -> str:
         if any(_guessed(j) for j in doc["jobs"]):
             lines.append("~ no declared target: remaining work from finished jobs' sizes or "
                          "the default; it grows while the job runs")
+        if any(_wait_unknown(j) for j in doc["jobs"]):
+            lines.append("> pending, and Slurm gives no expected start: the run time alone, "
+                         "its wait in the queue comes on top")
     else:
         lines.append("no malleable jobs")
     return "\n".join(lines)

@@ -21,6 +21,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,31 @@ def remaining_time(remaining_work: float | None, goodput: float | None) -> float
     if not (goodput > 0 and math.isfinite(goodput) and math.isfinite(remaining_work)):
         return None
     return max(0.0, remaining_work) / goodput
+
+
+def queue_wait(state: str | None, start_time: datetime | None, now: datetime) -> float | None:
+    """Seconds a PENDING job still waits to start, by Slurm's expected start time.
+
+    Args:
+        state: the job's Slurm state name.
+        start_time: its ``start_time`` (for a PENDING job, Slurm's estimate; aware UTC).
+        now: the time to measure from (aware UTC).
+
+    Returns:
+        ``max(0, start_time - now)`` in seconds for a PENDING job with an expected start;
+        None for any other job, or a PENDING one Slurm gave no expected start.
+    """
+    if state != "PENDING" or start_time is None:
+        return None
+    return max(0.0, (start_time - now).total_seconds())
+
+
+def eta_with_wait(run_s: float | None, wait_s: float | None) -> float | None:
+    """A job's ETA in seconds: its queue wait (`queue_wait`, None = none known) plus
+    its remaining run time (`remaining_time`; None = unknown, and then so is the ETA)."""
+    if run_s is None:
+        return None
+    return run_s + (wait_s or 0.0)
 
 
 REMAINING_BASES = {EstimateFlags.REMAINING_EXACT: "target",

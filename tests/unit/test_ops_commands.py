@@ -32,7 +32,7 @@ from malleable.estimators.params import EstimateFlags
 from malleable.ops import docgen
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.actions import build_actions
-from malleable.ops.job import render_job
+from malleable.ops.job import build_job, render_job
 from malleable.ops.output import fmt_duration
 from malleable.ops.policy import parse_assignments
 from malleable.ops.schemas import SCHEMAS
@@ -291,6 +291,47 @@ def test_job_show_pending_start_is_slurms_expectation(run):
     assert "expected to start 2026-03-01T13:00:00Z (Slurm's estimate)" in render_job(doc)
     doc["job"]["state"] = "RUNNING"
     assert "started 2026-03-01T13:00:00Z" in render_job(doc)
+
+
+def _as_pending(built, start_time):
+    """Job 101 (target 8 GPUs in the latest decision) made PENDING, with ``start_time``
+    as Slurm's expected start (None: Slurm gives none)."""
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s, s.begin():
+        s.execute(update(Job).where(Job.slurm_job_id == "101")
+                  .values(state="PENDING", start_time=start_time, gpus=2))
+    eng.dispose()
+
+
+@pytest.mark.parametrize("wait", [600.0, None])
+def test_pending_eta_counts_the_wait_to_slurms_expected_start(built, cfg, wait):
+    config = effective_config(str(cfg), None)
+
+    def docs():
+        with open_store(config) as st, st.sessions() as s:
+            return (check_schema(build_status(s, config, NOW, where=st.where, gpus_per_node=4)),
+                    check_schema(build_job(s, "101", NOW, gpus_per_node=4)[0]))
+
+    running, _ = docs()
+    run_s = next(j for j in running["jobs"] if j["job_id"] == "101")["eta_s"]
+    _as_pending(built, None if wait is None else NOW + timedelta(seconds=wait))
+    doc, jd = docs()
+    j = next(x for x in doc["jobs"] if x["job_id"] == "101")
+    e = jd["estimate"]
+    assert j["state"] == "PENDING" and j["target_gpus"] == 8
+    assert j["wait_s"] == wait and e["wait_s"] == wait
+    assert j["eta_s"] == pytest.approx(run_s + (wait or 0.0), abs=0.2)
+    assert e["eta_s"] == pytest.approx(j["eta_s"], abs=0.2)
+    line = next(x for x in render_status(doc).splitlines() if x.startswith("101 "))
+    shown = render_job(jd)
+    if wait is None:
+        assert ">" + fmt_duration(j["eta_s"]) in line
+        assert "> pending, and Slurm gives no expected start" in render_status(doc)
+        assert "after it starts (Slurm gives no expected start)" in shown
+    else:
+        assert fmt_duration(j["eta_s"]) in line and ">" + fmt_duration(j["eta_s"]) not in line
+        assert "no expected start" not in render_status(doc)
+        assert "(of which 10 min waiting for Slurm's expected start)" in shown
 
 
 def test_job_show_plot_format_follows_the_extension(run, built, tmp_path):
