@@ -43,6 +43,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 
 import numpy as np
 from sqlalchemy import bindparam, select
@@ -309,7 +310,8 @@ class Daemon:
             # Read with the poll, in one query (one transaction less per cycle than a
             # read of its own; the pause and the policy the cycle decides with are read
             # together, so an operator's `policy set` and `pause` are seen alike).
-            self._note_operator_settings(*store.operator_settings(s))
+            self._note_operator_settings(*store.operator_settings(s),
+                                         who=partial(store.operator_change, s))
             self.last_ingest = self._ingest_in(s, now, full=bool(skipped)) if ingest else None
             # After the ingest: a vanished job's last lines (``finished``) count.
             if not skipped:
@@ -503,35 +505,46 @@ class Daemon:
     # ------------------------------------------------------------------ decide
 
     def _note_operator_settings(self, paused: bool, policy: tuple[str, dict] | None,
-                                start: bool = False) -> None:
+                                start: bool = False,
+                                who: Callable[[str], dict | None] | None = None) -> None:
         """Take the operator's pause and policy choice as this poll read them, and log
         a change (`malleable pause`, `resume`, `policy set`, `policy reset` write only
         the store; the daemon's log is where an admin reads when they took effect).
         The first read logs a pause or an operator's policy in force only with
         ``start`` (the service starting); otherwise (e.g. `malleable plan`'s one
-        dry-run cycle) it is silent."""
+        dry-run cycle) it is silent. ``who``: `store.operator_change` on the poll's
+        session, read only for a change, to name who made it."""
         first = not self._settings_read
         self._settings_read = True
         if first and not start:
             self.paused, self.operator_policy = paused, policy
             return
+
+        def by(key: str, *commands: str) -> str:
+            got = who(key) if who is not None else None
+            if got is None or got["command"] not in commands:
+                return ""
+            return f" (malleable {got['command']} by {got['by']} on {got['host']} at {got['time']})"
+
         # (Before the first read: not paused, no operator's policy; so at start a pause
         # or a policy in force is a change from those.)
         if paused and not self.paused:
-            log.warning("%s: observing and planning, starting no action (malleable resume "
+            log.warning("%s%s: observing and planning, starting no action (malleable resume "
                         "ends it)", "starting paused by an operator" if first
-                        else "paused by an operator")
+                        else "paused by an operator", by(store.PAUSED_BY_KEY, "pause"))
         elif not paused and self.paused:
-            log.warning("resumed by an operator: acting on decisions again")
+            log.warning("resumed by an operator%s: acting on decisions again",
+                        by(store.PAUSED_BY_KEY, "resume"))
         if policy != self.operator_policy:
             if policy is not None:
-                log.info("policy %s %s set by an operator%s: it decides from the next "
+                log.info("policy %s %s set by an operator%s%s: it decides from the next "
                          "decision", policy[0], json.dumps(policy[1], sort_keys=True),
+                         by(store.POLICY_BY_KEY, "policy set"),
                          " (in force at start)" if first else "")
             else:
-                log.info("the operator's policy choice was reset: the configuration's "
+                log.info("the operator's policy choice was reset%s: the configuration's "
                          "policy %s %s decides from the next decision",
-                         self.config.policy.name,
+                         by(store.POLICY_BY_KEY, "policy reset"), self.config.policy.name,
                          json.dumps(dict(self.config.policy.params), sort_keys=True))
         self.paused, self.operator_policy = paused, policy
 
@@ -785,7 +798,8 @@ class Daemon:
         ``start``: the service starting; a pause or an operator's policy in force is
         logged. Returns whether the daemon is paused."""
         with self.sessions() as s:
-            self._note_operator_settings(*store.operator_settings(s), start=start)
+            self._note_operator_settings(*store.operator_settings(s), start=start,
+                                         who=partial(store.operator_change, s))
         return self.paused
 
     def poll_cycle(self) -> CycleReport:

@@ -59,6 +59,10 @@ LAST_POLL_KEY = "daemon.last_poll"
 """When the daemon's last poll of Slurm succeeded (ISO time, UTC): `malleable status`."""
 POLICY_NAME_KEY = "policy.name"
 POLICY_PARAMS_KEY = "policy.params"
+PAUSED_BY_KEY = "paused.by"
+POLICY_BY_KEY = "policy.by"
+"""Who last changed the pause (``malleable pause``/``resume``) and the operator's policy
+(``policy set``/``reset``): `record_operator_change`'s document."""
 
 SpecParser = Callable[[str], Mapping[str, Any] | None]
 """Parses a job's comment: the spec as a mapping, None for no spec (rigid job);
@@ -1006,6 +1010,27 @@ def operator_settings(session: Session) -> tuple[bool, tuple[str, dict[str, Any]
     name = got.get(POLICY_NAME_KEY)
     policy = None if name is None else (str(name), dict(got.get(POLICY_PARAMS_KEY) or {}))
     return bool(got.get(PAUSED_KEY, False)), policy
+
+
+def record_operator_change(session: Session, key: str, command: str, by: str, host: str,
+                           now: datetime) -> None:
+    """Record who made an operator's change, under ``key`` (`PAUSED_BY_KEY` or
+    `POLICY_BY_KEY`): ``{"command": "pause", "by": "alice (uid 1000)", "host": ...,
+    "time": ISO 8601 UTC}``. The daemon's log line for the change and `malleable status`
+    name them."""
+    set_setting(session, key, {"command": command, "by": by, "host": host,
+                               "time": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")},
+                now)
+
+
+def operator_change(session: Session, key: str) -> dict[str, str] | None:
+    """The document `record_operator_change` stored under ``key``, or None (none stored, or
+    not one it writes: a store older than this record)."""
+    got = get_setting(session, key)
+    if not isinstance(got, Mapping) or not all(isinstance(got.get(f), str)
+                                               for f in ("command", "by", "host", "time")):
+        return None
+    return {f: got[f] for f in ("command", "by", "host", "time")}
 
 
 def set_policy(session: Session, name: str, params: Mapping[str, Any] | None = None,

@@ -43,6 +43,15 @@ def caller() -> str:
     return f"{_user_name(uid)} (uid {uid}, groups: {', '.join(_group_names(gids))})"
 
 
+def actor() -> str:
+    """This process's user as the store records who changed a setting: "alice (uid 1000)",
+    and under sudo also who ran sudo: "root (uid 0, sudo by bob)" (``$SUDO_USER``)."""
+    uid = os.geteuid()
+    sudo = os.environ.get("SUDO_USER", "").strip()
+    name = _user_name(uid)
+    return f"{name} (uid {uid}" + (f", sudo by {sudo}" if sudo and sudo != name else "") + ")"
+
+
 def is_operator(config: Config) -> bool:
     """True for root and for members of ``[operator] group`` (an unknown group: False)."""
     if os.geteuid() == 0:

@@ -15,13 +15,14 @@ Only root or the operator group may pause or resume (`malleable.ops.auth`).
 from __future__ import annotations
 
 import os
+import socket
 from datetime import UTC, datetime
 
 import click
 
 from malleable.db import store
 from malleable.ops.access import effective_config, open_store
-from malleable.ops.auth import caller, require_operator
+from malleable.ops.auth import actor, caller, require_operator
 from malleable.ops.output import emit, handle_errors, iso, json_option, store_options
 from malleable.ops.status import daemon_health
 
@@ -41,6 +42,10 @@ def set_paused(config_path: str | None, database_url: str | None, paused: bool) 
     with open_store(config, write=True) as st, st.sessions() as s, s.begin():
         was = store.is_paused(s)
         store.set_paused(s, paused, now)
+        if was != paused:
+            store.record_operator_change(s, store.PAUSED_BY_KEY,
+                                         "pause" if paused else "resume", actor(),
+                                         socket.gethostname(), now)
         health = daemon_health(s, config, now)["health"]
     return {"schema": SCHEMA, "paused": paused, "changed": was != paused, "time": iso(now),
             "by": caller(), "uid": os.geteuid(), "database": st.where,

@@ -24,6 +24,7 @@ import dataclasses
 import inspect
 import json
 import re
+import socket
 import tomllib
 import types
 import typing
@@ -36,7 +37,7 @@ from click.shell_completion import CompletionItem
 from malleable.db import store
 from malleable.db.models import Setting
 from malleable.ops.access import effective_config, open_store
-from malleable.ops.auth import caller, require_operator
+from malleable.ops.auth import actor, caller, require_operator
 from malleable.ops.output import (
     BadInput,
     emit,
@@ -155,17 +156,20 @@ def policy_catalog() -> list[dict]:
 def show_doc(s, config, where: str) -> dict:
     """The ``malleable.policy/1`` document for the active policy."""
     p = policy_doc(s, config)
-    updated = None
+    updated = set_by = None
     if p["source"] == "operator":
         row = s.get(Setting, store.POLICY_NAME_KEY)
         updated = iso(row.updated_at) if row is not None else None
+        who = store.operator_change(s, store.POLICY_BY_KEY)
+        if who is not None and who["command"] == "policy set":
+            set_by = f"{who['by']} on {who['host']}"
     try:
         effective = validate_policy(p["name"], p["params"])
         problem = None
     except BadInput as exc:
         effective, problem = None, str(exc)
     return {"schema": SCHEMA_SHOW, **p, "effective_params": effective, "problem": problem,
-            "set_at": updated,
+            "set_at": updated, "set_by": set_by,
             "config": {"name": config.policy.name, "params": dict(config.policy.params),
                        "source": config.source},
             "hysteresis": {"min_gain": config.policy.min_gain,
@@ -184,7 +188,8 @@ def render_show(doc: dict) -> str:
             "; the daemon uses it from its next decision"
     else:
         first = f"policy: {head} {fmt_params(doc['params'])}".rstrip()
-    src = ("set by an operator" + (f" at {doc['set_at']}" if doc["set_at"] else "")
+    src = ("set by " + (doc.get("set_by") or "an operator")
+           + (f" at {doc['set_at']}" if doc["set_at"] else "")
            if doc["source"] == "operator"
            else f"from the configuration ({doc['config']['source']})")
     lines = [first, f"source: {src}"]
@@ -274,11 +279,16 @@ def set_(name: str, assignments: tuple[str, ...], config_path: str | None,
     with open_store(config, write=True) as st:
         with st.sessions() as s, s.begin():
             before = policy_doc(s, config)
-            store.set_policy(s, name, params, datetime.now(UTC))
+            now = datetime.now(UTC)
+            store.set_policy(s, name, params, now)
+            changed = (before["name"], before["params"], before["source"]) != \
+                (name, params, "operator")
+            if changed:
+                store.record_operator_change(s, store.POLICY_BY_KEY, "policy set", actor(),
+                                             socket.gethostname(), now)
         with st.sessions() as s:
             doc = show_doc(s, config, st.where)
-    doc["changed"] = (before["name"], before["params"], before["source"]) != \
-        (name, params, "operator")
+    doc["changed"] = changed
     doc["by"] = caller()
     emit(doc, as_json, render_show)
 
@@ -298,6 +308,9 @@ def reset(config_path: str | None, database_url: str | None, as_json: bool) -> N
     with open_store(config, write=True) as st:
         with st.sessions() as s, s.begin():
             changed = store.clear_policy(s)
+            if changed:
+                store.record_operator_change(s, store.POLICY_BY_KEY, "policy reset", actor(),
+                                             socket.gethostname(), datetime.now(UTC))
         with st.sessions() as s:
             doc = show_doc(s, config, st.where)
     doc["changed"] = changed

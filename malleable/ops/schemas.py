@@ -135,6 +135,8 @@ STATUS = _schema("malleable.status/1", "malleable status",
                             "`static`; one from the configuration: a daemon does not "
                             "start with it)"),
     "paused": _t("boolean", "an operator paused the daemon (`malleable pause`)"),
+    "paused_by": _null("string", "who paused it: user, uid, host and time (null: not "
+                                 "paused, or a store older than this record)"),
     "last_decision": _obj("the latest decision (policy run)", {
         "id": _t("integer", "decision id"),
         "time": _time("when it ran", nullable=False),
@@ -369,6 +371,8 @@ POLICY_SHOW = _schema("malleable.policy/1", "malleable policy show / set",
                                "the daemon then uses `static`; from the configuration: a "
                                "daemon does not start with it)"),
     "set_at": _time("when an operator set it"),
+    "set_by": _null("string", "who set it (`policy set`): user, uid and host; null for the "
+                              "configuration's policy or a store older than this record"),
     "config": _obj("`[policy]` of the configuration", {
         "name": _t("string", "configured name"), "params": _free("configured parameters"),
         "source": _t("string", "the configuration file")}),

@@ -178,6 +178,14 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
     return out
 
 
+def _paused_by(s: Session) -> str | None:
+    """Who ran `malleable pause` (user, uid, host, time), if the store recorded it."""
+    who = store.operator_change(s, store.PAUSED_BY_KEY)
+    if who is None or who["command"] != "pause":
+        return None
+    return f"{who['by']} on {who['host']} at {who['time']}"
+
+
 def build_status(s: Session, config: Config, now: datetime, *, where: str,
                  include_finished: bool = False, gpus_per_node: int | None = None) -> dict:
     """The ``malleable.status/1`` document (docs/cli-json.md).
@@ -209,6 +217,7 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
     rows = job_rows(s, jobs, targets, g, now)
     health = daemon_health(s, config, now)
     policy = policy_doc(s, config)
+    paused = store.is_paused(s)
     try:   # the registry's check, as `policy show` (validate_policy) and the daemon use it
         get_policy(policy["name"], **policy["params"])
         policy_problem = None
@@ -223,7 +232,8 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
         "daemon": health,
         "policy": policy,
         "policy_problem": policy_problem,
-        "paused": store.is_paused(s),
+        "paused": paused,
+        "paused_by": _paused_by(s) if paused else None,
         "last_decision": None if decision is None else {
             "id": decision.id, "time": iso(decision.time), "age_s": age_s(decision.time, now),
             "policy": decision.policy, "params": decision.params,
@@ -304,7 +314,8 @@ def render_status(doc: dict) -> str:
     elif dec is not None and dec["policy"] != p["resolved"]:
         # A file edited but not reloaded, or a policy set since the latest decision.
         pol += f" (the latest decision ran {dec['policy']})"
-    mode = ("PAUSED: the daemon observes and plans but starts no action (malleable resume)"
+    mode = ("PAUSED" + (f" by {doc['paused_by']}" if doc.get("paused_by") else "")
+            + ": the daemon observes and plans but starts no action (malleable resume)"
             if doc["paused"] else "acting")
     if dec is not None and dec["dry_run"]:
         mode += "; DRY RUN: the latest decision changed nothing in Slurm"

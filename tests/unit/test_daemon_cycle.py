@@ -446,6 +446,30 @@ def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog)
 
 
 
+def test_the_daemon_log_names_who_paused_and_set_the_policy(tmp_path, caplog):
+    """The commands record who ran them (`store.record_operator_change`); the daemon's
+    log line for the change names them, and a record of another command is not used."""
+    c = Cluster(tmp_path)
+    c.malleable()
+    c.advance(1)
+    c.daemon.poll_cycle()
+    now = c.engine.datetime_at()
+    with c.sessions() as s, s.begin():
+        store.set_paused(s, True, now)
+        store.record_operator_change(s, store.PAUSED_BY_KEY, "pause", "alice (uid 1000)",
+                                     "login1", now)
+        store.set_policy(s, "fifo", {}, now)
+        store.record_operator_change(s, store.POLICY_BY_KEY, "policy reset",
+                                     "carol (uid 1002)", "login2", now)   # not this change
+    with caplog.at_level(logging.INFO, logger="malleable.daemon.cycle"):
+        c.daemon.poll_cycle()
+    said = [r.getMessage() for r in caplog.records]
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert any(m.startswith(f"paused by an operator (malleable pause by alice (uid 1000) on "
+                            f"login1 at {stamp}): observing") for m in said), said
+    assert "policy fifo {} set by an operator: it decides from the next decision" in said
+
+
 def test_a_pause_during_a_slurm_outage_is_acknowledged_at_once(tmp_path, caplog):
     """The guide recommends `pause` for Slurm maintenance: the failed polls of the
     outage still read the store, and the log says the pause was taken up."""

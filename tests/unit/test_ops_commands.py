@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -400,6 +401,28 @@ def test_pause_and_resume_as_root(run):
     assert doc["daemon_health"] == "stale"
     assert "No healthy daemon holds the lease now (daemon stale, see `malleable status`): " \
         "it takes effect when one runs." in r.stdout
+
+
+def test_who_paused_and_who_set_the_policy_are_recorded(run, monkeypatch):
+    """pause and policy set record who ran them (under sudo, who ran sudo too); status
+    and policy show name them. A command that changes nothing leaves the record."""
+    host = socket.gethostname()
+    monkeypatch.setenv("SUDO_USER", "bob")
+    js(run("pause", "--json"))
+    doc = js(run("status", "--json"))
+    assert doc["paused_by"].startswith(f"root (uid 0, sudo by bob) on {host} at 20")
+    assert f"PAUSED by root (uid 0, sudo by bob) on {host} at " in run("status").stdout
+    monkeypatch.delenv("SUDO_USER")
+    js(run("pause", "--json"))                    # already paused: the record stays
+    assert "sudo by bob" in js(run("status", "--json"))["paused_by"]
+    js(run("resume", "--json"))
+    assert js(run("status", "--json"))["paused_by"] is None
+    js(run("policy", "set", "las", "starve_s=60", "--json"))
+    shown = js(run("policy", "show", "--json"))
+    assert shown["set_by"] == f"root (uid 0) on {host}"
+    assert f"source: set by root (uid 0) on {host} at " in run("policy", "show").stdout
+    js(run("policy", "reset", "--json"))
+    assert js(run("policy", "show", "--json"))["set_by"] is None
 
 
 def test_pause_refused_for_a_non_operator(run, monkeypatch):
