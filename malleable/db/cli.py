@@ -59,6 +59,7 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
             ctx = click.get_current_context()
             engine: Engine | None = None
             new_file: Path | None = None   # an SQLite file this command creates
+            new_dirs: list[Path] = []       # and the directories above it it creates
             done = False
             try:
                 config = load_config(config_path)
@@ -66,10 +67,15 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
                     check_database_url("--database-url", database_url)
                 if create:
                     new_file = _missing_sqlite_file(database_url or config.database.url)
+                    new_dirs = _missing_dirs(new_file.parent) if new_file is not None else []
                 engine = engine_from_config(config, url=database_url, create=create)
                 ctx.meta[_CONFIG_KEY] = config
                 fn(engine, **kw)
                 done = True
+                for d in new_dirs:
+                    click.echo(f"created directory {d} (mode 0700)")
+                if new_file is not None:
+                    click.echo(f"created {new_file} (mode 0600)")
             except (StoreError, ConfigError) as exc:
                 _fail(ctx, str(exc))
             except OSError as exc:   # e.g. another user's 0600 database file
@@ -80,6 +86,9 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
                     engine.dispose()
                 if not done and new_file is not None:
                     _remove_sqlite_file(new_file)
+                    for d in reversed(new_dirs):   # only if still empty
+                        with contextlib.suppress(OSError):
+                            d.rmdir()
 
         return wrapper
 
@@ -93,6 +102,16 @@ def _missing_sqlite_file(url: str) -> Path | None:
     except Exception:   # a malformed URL: make_engine names it
         return None
     return path if path is not None and not path.exists() else None
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """The directories of ``path`` (itself included) that do not exist, outermost first."""
+    out: list[Path] = []
+    for d in [path, *path.parents]:
+        if d.exists():
+            break
+        out.append(d)
+    return out[::-1]
 
 
 def _remove_sqlite_file(path: Path) -> None:
@@ -142,8 +161,8 @@ def db() -> None:
               help="revision to upgrade to.")
 @_with_engine(create=True)
 def upgrade(engine: Engine, to: str) -> None:
-    """Create the schema in an empty database or upgrade it (creates a missing SQLite file;
-    if that fails, the file is removed again)."""
+    """Create the schema in an empty database or upgrade it (creates a missing SQLite file
+    and its missing directories, and says so; if that fails, they are removed again)."""
     before, after = schema.upgrade(engine, to)
     where = describe_url(engine.url)
     if before == after:

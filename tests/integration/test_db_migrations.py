@@ -243,3 +243,23 @@ def test_daemon_reads_on_both_databases(engine):
     with Session() as s:
         book._learn_finished(s)
         assert book.finished.seen == {ids["1"], ids["2"]}
+
+
+def test_cli_upgrade_says_what_it_creates_and_removes_it_on_failure(tmp_path):
+    """A new SQLite file and its missing directories are named on stdout; a failed
+    upgrade removes them again (a directory only while it is empty)."""
+    runner = CliRunner()
+    db = tmp_path / "a" / "b" / "s.db"
+    r = runner.invoke(main, ["db", "upgrade", "--database-url", f"sqlite:///{db}"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[1:] == [f"created directory {tmp_path / 'a'} (mode 0700)",
+                                         f"created directory {tmp_path / 'a' / 'b'} (mode 0700)",
+                                         f"created {db} (mode 0600)"]
+    assert (db.parent.stat().st_mode & 0o777, db.stat().st_mode & 0o777) == (0o700, 0o600)
+    r = runner.invoke(main, ["db", "upgrade", "--database-url", f"sqlite:///{db}"])
+    assert r.exit_code == 0 and "created" not in r.output          # nothing new this time
+    bad = tmp_path / "x" / "y" / "s.db"
+    r = runner.invoke(main, ["db", "upgrade", "--to", "nosuchrev",
+                             "--database-url", f"sqlite:///{bad}"])
+    assert r.exit_code == 2 and "created" not in r.output, r.output
+    assert not (tmp_path / "x").exists()
