@@ -330,8 +330,32 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-@click.command("submit", context_settings={"ignore_unknown_options": True,
-                                           "allow_interspersed_args": True})
+class _SubmitCommand(click.Command):
+    """Keeps the command line's words (``ctx.meta["submit.words"]``): an option of ours
+    given twice is warned about (the last wins, as sbatch's do)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["submit.words"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def _repeated_options(cmd: click.Command, words: list[str]) -> list[tuple[str, int]]:
+    """Our value options given more than once before the script: (name, times)."""
+    names = {o: p.opts[-1] for p in cmd.params if isinstance(p, click.Option)
+             and not p.is_flag for o in p.opts}
+    seen: dict[str, int] = {}
+    for w in words[:-1]:
+        if w == "--":
+            break
+        name = names.get(w.split("=", 1)[0] if w.startswith("--") else w)
+        if name is not None:
+            seen[name] = seen.get(name, 0) + 1
+    return [(n, k) for n, k in seen.items() if k > 1]
+
+
+@click.command("submit", cls=_SubmitCommand,
+               context_settings={"ignore_unknown_options": True,
+                                 "allow_interspersed_args": True})
 @click.option("--spec", "spec_text", metavar="SPEC",
               help="A whole spec, e.g. 'gpus=2-16,step=4' (with or without 'malleable:').")
 @click.option("--gpus", metavar="MIN-MAX",
@@ -388,7 +412,7 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     The spec needs a GPU range (--gpus, or gpus= in --spec or in the script's
     `#SBATCH --comment=malleable:...`). It is merged field by field: the script's
     comment, then a --comment given here, then --spec, then the options below; a
-    later one wins, also an option given twice.
+    later one wins, also an option given twice (with a warning).
 
     --gpus, --signal and --gpus-per-node are malleable's options here, not sbatch's.
     sbatch's GPU and node requests (--gres, --gpus*, -G, -N/--nodes,
@@ -402,6 +426,10 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     """
     if offline_gpn is not None and not dry_run:
         _fail("--gpus-per-node: only with --dry-run (a submission reads the cluster's)", 2)
+    ctx = click.get_current_context()
+    for name, times in _repeated_options(ctx.command, ctx.meta.get("submit.words", [])):
+        click.echo(f"malleable submit: warning: {name} given {times} times: the last one "
+                   f"applies", err=True)
     script, passthrough = args[-1], list(args[:-1])
     if any(w == "--wrap" or w.startswith("--wrap=") for w in args):
         _fail("--wrap: malleable submit needs a batch script file as its last argument "

@@ -198,6 +198,21 @@ def test_a_key_twice_in_the_script_names_the_script(tmp_path):
     assert "gpus=4: key given twice (in the script's --comment)" in r.output
 
 
+def test_an_option_given_twice_is_warned_and_the_last_applies(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
+                                  "2-4", "--signal", "USR2", "--gpus=2-8", "--time", "10",
+                                  "--signal", "TERM", str(script)])
+    assert r.exit_code == 0, r.output
+    assert "malleable submit: warning: --gpus given 2 times: the last one applies" in r.stderr
+    assert "malleable submit: warning: --signal given 2 times: the last one applies" in r.stderr
+    assert "gpus=2-8" in r.stdout and "signal=TERM" in r.stdout
+    once = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
+                                     "2-4", str(script)])
+    assert once.exit_code == 0 and "warning" not in once.stderr
+
+
 def test_options_that_keep_the_contract_pass(tmp_path):
     """--open-mode=append, --export=ALL,... and a CPU-only --tres-per-task go to sbatch."""
     script = tmp_path / "job.sh"
