@@ -336,6 +336,42 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+_INT64 = 2 ** 63
+
+
+def _as_declared(value: Any, tp: Any) -> Any:
+    """``value`` (which `_type_ok` accepted for ``tp``) as the parameter holds it: an
+    integer given for a number is a float, a list a tuple.
+
+    Raises:
+        ValueError: an integer outside 64 bits (TOML's integers), or too large for a float.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -_INT64 <= value < _INT64:
+            raise ValueError("out of range (integers have 64 bits)")
+        return value if _takes_int(tp) else float(value)
+    if isinstance(value, list | tuple):
+        args = typing.get_args(tp) if typing.get_origin(tp) is tuple else ()
+        if typing.get_origin(tp) is typing.Union or typing.get_origin(tp) is types.UnionType:
+            args = next((typing.get_args(a) for a in typing.get_args(tp)
+                         if typing.get_origin(a) is tuple), ())
+        items = [args[0] if len(args) == 2 and args[1] is Ellipsis
+                 else (args[i] if i < len(args) else Any) for i in range(len(value))]
+        return tuple(_as_declared(v, t) for v, t in zip(value, items, strict=True))
+    return value
+
+
+def _takes_int(tp: Any) -> bool:
+    """Whether a parameter of type ``tp`` holds integers as integers (int, or a union
+    with int; else an integer given is a number, stored as a float)."""
+    if tp is int or tp is Any:
+        return True
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_takes_int(a) for a in typing.get_args(tp))
+    return False
+
+
 def _type_words(tp: Any) -> str:
     """What a parameter of type ``tp`` takes, in an operator's words (TOML values, as
     `malleable policy set` and ``[policy] params`` read them)."""
@@ -393,12 +429,17 @@ class Policy(abc.ABC):
             if not _type_ok(value, hints[key]):
                 raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: expected "
                                  f"{_type_words(hints[key])}")
+            try:
+                params[key] = _as_declared(value, hints[key])
+            except (OverflowError, ValueError) as exc:
+                raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: "
+                                 f"{'out of range' if isinstance(exc, OverflowError) else exc}"
+                                 ) from None
+            held = params[key]
             if any(isinstance(v, float) and not math.isfinite(v)
-                   for v in (value if isinstance(value, list | tuple) else (value,))):
+                   for v in (held if isinstance(held, tuple) else (held,))):
                 raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: expected "
                                  "finite numbers (nan and infinities are never accepted)")
-            if isinstance(value, list):
-                params[key] = tuple(value)
         try:
             self.params = self.Params(**params)
         except (TypeError, ValueError) as exc:

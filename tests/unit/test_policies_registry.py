@@ -86,6 +86,11 @@ def test_unknown_policy_suggests_the_name_meant(name, hint):
     ("srpt", {"risk": -0.5}, ["srpt", "risk must be >= 0", "got -0.5"]),
     ("las", {"thresholds": []}, ["las", "thresholds must not be empty, got []",
                                  "continuous = true", "fifo"]),
+    # Integers beyond TOML's 64 bits (they broke gittins' np.log at its first decision).
+    ("gittins", {"level_ratio": 10**22}, ["gittins", "level_ratio = 10000000000000000000000",
+                                          "out of range (integers have 64 bits)"]),
+    ("pollux", {"search_moves": -2**63 - 1}, ["pollux", "search_moves", "out of range"]),
+    ("las", {"thresholds": [10**30]}, ["las", "thresholds = [10000", "out of range"]),
 ])
 def test_bad_parameters_are_named(name, params, words):
     with pytest.raises(ValueError) as exc:
@@ -97,8 +102,13 @@ def test_bad_parameters_are_named(name, params, words):
 def test_good_parameters_are_kept():
     assert get_policy("hesrpt", p=0.5).params.p == 0.5
     assert get_policy("optimus", window=3).params.window == 3
-    assert get_policy("gittins", prior_scale_s=60).params.prior_scale_s == 60  # int for float
-    assert get_policy("las", thresholds=[10, 20.0]).params.thresholds == (10, 20.0)
+    # An integer given for a number is held as a float; an integer parameter stays one.
+    assert type(get_policy("gittins", prior_scale_s=60).params.prior_scale_s) is float
+    assert type(get_policy("gittins", level_ratio=3).params.level_ratio) is float
+    assert type(get_policy("gittins", window=3).params.window) is int
+    assert get_policy("hesrpt", p=None).params.p is None
+    got = get_policy("las", thresholds=[10, 20.0]).params.thresholds
+    assert got == (10.0, 20.0) and all(type(x) is float for x in got)
     assert get_policy("pollux", p=0).params.p == 0
     assert get_policy("hesrpt", risk=0).params.risk == 0
     assert get_policy("srpt", risk=1.5).params.risk == 1.5
