@@ -113,18 +113,16 @@ class Service:
         self.sessions = session_factory(self.engine)
         self.holder = default_holder()
         self.dry_run = bool(options.dry_run or config.daemon.dry_run)
-        self.daemon = Daemon(slurm=connect(config.slurm), sessions=self.sessions, clock=utcnow,
+        self._stopping = threading.Event()
+        # A stop ends the port's retries (their back-off waits), so that a stop while
+        # Slurm does not answer completes within systemd's TimeoutStopSec.
+        self.daemon = Daemon(slurm=connect(config.slurm, sleep=self._retry_wait),
+                             sessions=self.sessions, clock=utcnow,
                              spool_dir=config.progress.spool_dir, config=config,
                              dry_run=self.dry_run)
         self.daemon.actuator.step_hook = crash_points_from_env()
-        # A stop ends the port's retries (their back-off waits), so that a stop while
-        # Slurm does not answer completes within systemd's TimeoutStopSec.
-        runner = getattr(self.daemon.slurm, "runner", None)
-        if runner is not None and hasattr(runner, "sleep"):
-            runner.sleep = self._retry_wait
         self.scheduler: BlockingScheduler | None = None
         self.metrics: Callable[[CycleReport], None] | None = None   # see metrics_factory
-        self._stopping = threading.Event()
         self.daemon.stopping = self._stopping.is_set   # a poll the stop cut short is no outage
         # Held while a scheduled job runs: the stop waits for it before cleaning up.
         self._busy = threading.Lock()

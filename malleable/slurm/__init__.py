@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import time
+from collections.abc import Callable
 
 from malleable.config import SlurmConfig
 from malleable.slurm.backend_cli import CliSlurmClient
@@ -56,7 +58,8 @@ def connect_once(config: SlurmConfig | None = None, *, env: dict | None = None
     return connect(dataclasses.replace(config or SlurmConfig(), max_retries=0), env=env)
 
 
-def connect(config: SlurmConfig | None = None, *, env: dict | None = None) -> SlurmClient:
+def connect(config: SlurmConfig | None = None, *, env: dict | None = None,
+            sleep: Callable[[float], None] = time.sleep) -> SlurmClient:
     """The `SlurmClient` for this machine, chosen by ``config.backend``.
 
     * ``cli``: the command-line backend.
@@ -66,11 +69,13 @@ def connect(config: SlurmConfig | None = None, *, env: dict | None = None) -> Sl
       line saying why.
     * ``pyslurm``: the pyslurm backend, or `SlurmError` saying why it cannot be used.
 
-    ``env`` is the environment for Slurm commands (default: this process's).
+    ``env`` is the environment for Slurm commands (default: this process's); ``sleep``
+    the back-off wait between retries (seconds; the daemon's ends early on a stop by
+    raising `SlurmUnavailable`).
     Raises `SlurmUnavailable` if the controller version cannot be read (auto/pyslurm).
     """
     config = config or SlurmConfig()
-    cli = CliSlurmClient(config, env=env)
+    cli = CliSlurmClient(config, env=env, sleep=sleep)
     if config.backend == "cli":
         log.info("Slurm backend: cli (configured)")
         return cli
@@ -91,7 +96,7 @@ def connect(config: SlurmConfig | None = None, *, env: dict | None = None) -> Sl
             log.info("Slurm backend: pyslurm %s (slurmctld %s)", version_string(theirs),
                      version_string(ctld))
             return PyslurmSlurmClient(config, module=pyslurm,
-                                      controller_version=version_string(ctld))
+                                      controller_version=version_string(ctld), sleep=sleep)
     if config.backend == "pyslurm":
         raise SlurmError(f"backend pyslurm configured but unusable: {why}")
     log.info("Slurm backend: cli, because %s", why)

@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 
 from malleable.config import SlurmConfig
 from malleable.slurm import parse, text, versions
@@ -128,10 +129,12 @@ class CliSlurmClient:
     """
 
     def __init__(self, config: SlurmConfig | None = None, *, version: str | None = None,
-                 runner: CommandRunner | None = None, env: dict | None = None):
+                 runner: CommandRunner | None = None, env: dict | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
         config = config or SlurmConfig()
         self.runner = runner or CommandRunner(timeout_s=config.command_timeout_s,
-                                              max_retries=config.max_retries, env=env)
+                                              max_retries=config.max_retries, env=env,
+                                              sleep=sleep)
         self._client_version = versions.parse_version(version) if version else None
         self._controller_version = self._client_version
         self._json = True
