@@ -136,10 +136,11 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
                    "Without it every run uses the defaults: $MALLEABLE_CONFIG and "
                    "/etc/malleable/malleable.toml are not read, so a simulation does not "
                    "depend on this machine's daemon settings.")
-@click.option("--max-time", "max_time_h", type=FiniteFloat(min=0, min_open=True),
+@click.option("--max-time", "max_time_h", type=FiniteFloat(min=0, min_open=True, max=1e6),
               default=2880.0, show_default=True, metavar="HOURS",
               help="Stop a run at this simulated time (default 120 days: a bound, not a "
-                   "target; a stopped run's metrics cover its finished jobs).")
+                   "target; a stopped run's metrics cover its finished jobs; at most 1e6 "
+                   "hours).")
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None,
               help="Runs in parallel (worker processes). Default: one per CPU core this "
                    "process may use, at most one per run.")

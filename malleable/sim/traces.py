@@ -533,12 +533,12 @@ def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
                 if start_raw in _UNSET_TIMES and "Start" in row:
                     skipped += 1   # never started (e.g. cancelled while pending)
                     continue
+                if row.get("End", "") in _UNSET_TIMES and "End" in row:
+                    skipped += 1   # still running (its Elapsed is the time so far)
+                    continue
                 if "Elapsed" in row:
                     duration = _elapsed(path, line, "Elapsed", row["Elapsed"])
                 else:
-                    if row["End"] in _UNSET_TIMES:
-                        skipped += 1   # still running
-                        continue
                     start = _datetime(path, line, "Start", start_raw, "%Y-%m-%dT%H:%M:%S")
                     end = _datetime(path, line, "End", row["End"], "%Y-%m-%dT%H:%M:%S")
                     duration = (end - start).total_seconds()

@@ -230,6 +230,8 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "las", "--interval", "0.5"], "Invalid value for '--interval': 0.5 is not in "
                                                "the range 1<=x<=86400"),
     (["--policy", "las", "--load-scale", "inf"], "Invalid value for '--load-scale': 'inf'"),
+    (["--policy", "las", "--max-time", "1e306"], "Invalid value for '--max-time': 1e+306 is "
+                                                 "not in the range 0<x<=1000000"),
     (["--policy", "pollux", "--format", "philly"], "missing column(s)"),
     (["--policy", "las", "--policy-params", 'pollux={"p": -1}'],
      "'pollux' is not among --policy (las); its parameters would be unused"),

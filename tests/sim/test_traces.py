@@ -309,6 +309,16 @@ def test_sacct_pipe_text_loads_jobs_and_skips_steps_and_unstarted(tmp_path):
         ("102", 3600.0, 0, 630.0, 1, "cpu")]
 
 
+def test_sacct_pipe_text_skips_a_running_job_despite_its_elapsed(tmp_path):
+    """With the documented columns a running job has Elapsed (the time so far) and End
+    Unknown: it is skipped, not replayed as a job of that length."""
+    f = tmp_path / "sacct.txt"
+    f.write_text(SACCT_P + "104|running|gpu|2024-03-01T11:06:00|2024-03-01T11:07:00|Unknown|"
+                 "00:10:00|1|gres/gpu=1|RUNNING|\n")
+    jobs, skipped = load_sacct(f)
+    assert skipped == 2 and "104" not in [j.name for j in jobs]
+
+
 @pytest.mark.parametrize("line,problem", [
     ("104|x|gpu|2024-03-01 11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|node=1|OK|",
      "field Submit='2024-03-01 11:00:00'"),
