@@ -151,10 +151,13 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--no-comparison", is_flag=True, help="Do not write the comparison.")
 @click.option("--no-plots", is_flag=True, help="Do not write per-run plots.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--sweep-policies", "sweep_policies", default=None, hidden=True,
+              help="(--slurm-array's tasks) the whole sweep's policies: --policy-params and "
+                   "--config's [policy] params are checked against them, not --policy alone.")
 def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval, seeds, out_dir, restart_cost,
              fmt, load_scale, window_days, map_models, job_setup, oracle_work, config_path,
              max_time_h, n_jobs, slurm_array, compare_only, no_comparison, no_plots,
-             no_progress) -> None:
+             no_progress, sweep_policies) -> None:
     """Replay traces through the daemon's decision loop against a simulated Slurm.
 
     Each (workload, policy, seed) is one run of the production cycle (poll,
@@ -210,8 +213,14 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         raise _fail(f"--policy: 'default' and {DEFAULT!r} are the same policy (default is "
                     f"an alias of {DEFAULT}): give one")
     seed_list = _seeds(seeds)
-    params = _params(policy_params, pols)
-    _check_config_params(config, config_path, pols)
+    # An array task runs one policy of a sweep: parameters of the sweep's others are
+    # expected there (`sweep.write_slurm_array`).
+    swept = _items("--sweep-policies", (sweep_policies,), "name") if sweep_policies else pols
+    if not set(pols) <= set(swept):
+        raise _fail(f"--sweep-policies {sweep_policies!r}: does not include --policy "
+                    f"({', '.join(pols)})")
+    params = _params(policy_params, swept)
+    _check_config_params(config, config_path, swept)
     from malleable.sim.workloads import unique_names
 
     try:

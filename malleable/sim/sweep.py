@@ -731,7 +731,8 @@ i=${{SLURM_ARRAY_TASK_ID:?run me with sbatch}}
 P=${{#POLICIES[@]}}; S=${{#SEEDS[@]}}
 w=$(( i / (P * S) )); p=$(( (i / S) % P )); s=$(( i % S ))
 exec {q(py)} -m malleable simulate --workload "${{WORKLOADS[$w]}}" --policy "${{POLICIES[$p]}}" \\
-    --seed "${{SEEDS[$s]}}" --jobs 1 --no-comparison --no-progress --out {q(str(out))} {common}
+    --seed "${{SEEDS[$s]}}" --sweep-policies {q(",".join(policies))} --jobs 1 --no-comparison \\
+    --no-progress --out {q(str(out))} {common}
 """, encoding="utf-8")
     compare = out / "simulate-compare.sbatch"
     compare.write_text(f"""#!/bin/bash

@@ -309,12 +309,34 @@ def test_command_line_entry_point(tmp_path, workload):
     assert proc.stderr.startswith("malleable simulate: error: --policy 'nosuch'")
 
 
+def test_slurm_array_tasks_take_the_sweeps_policy_parameters(tmp_path, workload):
+    """Every task gets the sweep's --policy-params and --config; a task of another policy
+    than theirs runs (it refused them: 'not among --policy'). Task 1 here, by bash."""
+    cfg = tmp_path / "d.toml"
+    cfg.write_text('[policy]\nname = "las"\nparams = {starve_s = 600.0}\n')
+    out = tmp_path / "array"
+    res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "2",
+                   "--policy-params", 'las={"starve_s": 7200}', "--config", str(cfg),
+                   "--max-time", "0.2", "--no-plots", "--out", str(out), "--slurm-array")
+    assert res.exit_code == 0, res.stderr
+    proc = subprocess.run(["bash", str(out / "simulate-array.sbatch")], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "SLURM_ARRAY_TASK_ID": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert [p.parent.parent.name for p in out.glob("*/*/seed*/summary.json")] == ["static"]
+    # --sweep-policies (the tasks' option) must include --policy.
+    res = simulate("--workload", str(workload), "--policy", "las", "--sweep-policies", "static",
+                   "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "does not include --policy (las)" in res.stderr
+
+
 @pytest.mark.slurm
 def test_slurm_array_runs_the_sweep_on_a_real_cluster(tmp_path, workload, slurm):
     """The written job array runs on the harness's Slurm: one task per run, then the
     comparison job after them."""
     out = tmp_path / "array"
     res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "2",
+                   "--policy-params", 'las={"starve_s": 7200}',
                    "--restart-cost", "30", "--no-plots", "--out", str(out), "--slurm-array")
     assert res.exit_code == 0, res.stderr
     script = out / "simulate-array.sbatch"
