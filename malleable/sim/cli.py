@@ -311,7 +311,7 @@ def _compare(runs: list[dict], out: Path, out_dir: str, code: int = 2) -> Path:
         click.echo(f"malleable simulate: error: --out {out_dir}: cannot write the "
                    f"comparison ({exc.strerror or exc})", err=True)
         raise click.exceptions.Exit(code) from None
-    _notes(sweep.mixed_settings_notes(sweep.mixed_settings(runs)))
+    _notes(sweep.mixed_settings_notes(sweep.mixed_settings(runs)) + sweep.mixed_traces(runs))
     return path
 
 

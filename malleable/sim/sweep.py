@@ -24,6 +24,8 @@ once the array has finished.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import math
 import os
@@ -157,9 +159,11 @@ class RunSpec:
             return "auto"
 
     def metadata(self) -> dict:
-        """What the run was (goes into summary.json; no paths, so it is portable)."""
+        """What the run was (goes into summary.json; no paths, so it is portable: the
+        trace file is identified by its SHA-256, ``workload_sha256``)."""
         config = self.daemon_config()
-        return {"workload": self.name, "policy": self.policy, "seed": self.seed,
+        return {"workload": self.name, "workload_sha256": trace_sha256(self.workload),
+                "policy": self.policy, "seed": self.seed,
                 "policy_params": dict(config.policy.params),
                 "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                 "interval_s": float(config.daemon.decide_interval_s),
@@ -547,6 +551,48 @@ def run_settings(summary: dict) -> dict[str, str]:
     return out
 
 
+def trace_sha256(path: str | Path) -> str | None:
+    """The SHA-256 (hex) of a trace file's bytes, None if it cannot be read now. Cached
+    by path, size and modification time (a sweep asks once per run)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _sha256_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def mixed_traces(runs: Sequence[dict]) -> list[str]:
+    """Warnings for runs compared under one workload name that read different trace files
+    (``workload_sha256`` of their summaries; runs that did not record it are left out):
+    one line per such workload, naming each file's runs."""
+    by_name: dict[str, dict[str, list[str]]] = {}
+    for r in runs:
+        s = r["summary"]
+        sha = s.get("workload_sha256")
+        if isinstance(sha, str):
+            by_name.setdefault(s["workload"], {}).setdefault(sha, []).append(_run_id(s))
+    out = []
+    for name, shas in sorted(by_name.items()):
+        if len(shas) > 1:
+            files = "; ".join(f"sha256 {sha[:12]} in {_some(sorted(ids))}"
+                              for sha, ids in sorted(shas.items(), key=lambda kv: kv[0]))
+            out.append(f"comparison.json mixes runs of workload {name!r} made from different "
+                       f"trace files (same name, other contents): {files}")
+    return out
+
+
 def run_id(workload: str, policy: str, seed: int) -> str:
     """``<workload>/<policy>/seed<N>``: a run's folder under ``--out`` (`RunSpec.run_dir`)
     and its name in notes."""
@@ -622,9 +668,13 @@ def replaced_runs(specs: Sequence[RunSpec]) -> list[str]:
         except RunFolderError as exc:
             found.setdefault(f"whose {SUMMARY} is unusable ({exc.problem})", []).append(rid)
             continue
-        new = run_settings(spec.metadata())
+        meta = spec.metadata()
+        new = run_settings(meta)
         diff = [f"{k}={old.get(k, _UNRECORDED)} (now {v})" for k, v in sorted(new.items())
                 if old.get(k, _UNRECORDED) != v]
+        old_sha = _read_json(path).get("workload_sha256")
+        if isinstance(old_sha, str) and meta["workload_sha256"] not in (None, old_sha):
+            diff.append("another trace file of the same name")
         if diff:
             found.setdefault(f"made with other settings: {', '.join(diff)}", []).append(rid)
     return [f"--out {specs[0].out_dir}: this sweep replaces {_some(ids)} ({len(ids)} run "
@@ -670,7 +720,8 @@ def write_comparison(runs: Sequence[dict], out_dir: str | Path) -> Path:
             means[pol][f"mean_{k}"] = round(sum(vals) / len(vals), 3) if vals else None
     mixed = mixed_settings(runs)
     doc = {"runs": per_run, "by_policy": means,
-           "mixed_settings": mixed, "warnings": mixed_settings_notes(mixed),
+           "mixed_settings": mixed,
+           "warnings": mixed_settings_notes(mixed) + mixed_traces(runs),
            "note": "mean_* are means over runs (workloads x seeds) of each run's metric "
                    "(null: no run has it); a run that stopped at --max-time "
                    "(incomplete_runs, all_finished false) has metrics over its finished "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -587,3 +588,28 @@ def test_a_sweep_replacing_a_run_of_other_settings_says_so(tmp_path, workload):
     res = simulate("--workload", str(workload), "--policy", "static", "--nodes", "2",
                    "--interval", "30", "--no-plots", "--no-comparison", "--out", str(out))
     assert res.exit_code == 0 and "replaces" not in res.stderr, res.output
+
+
+def test_runs_of_same_named_traces_with_other_contents_are_warned(tmp_path, workload):
+    """summary.json records the trace's SHA-256: runs compared under one workload name that
+    read different files are a warning (comparison.json and stderr), and so is a sweep
+    replacing a run made from another file of the same name."""
+    other = tmp_path / "other" / "tiny.csv"
+    other.parent.mkdir()
+    lines = WORKLOAD.strip().splitlines()
+    other.write_text("\n".join(lines[:-1]) + "\n")          # one job fewer
+    out = tmp_path / "out"
+    common = ("--nodes", "2", "--max-time", "0.2", "--no-plots", "--out", str(out))
+    assert simulate("--workload", str(workload), "--policy", "static", *common).exit_code == 0
+    res = simulate("--workload", str(other), "--policy", "las", *common)
+    assert res.exit_code == 0, res.stderr
+    s = json.loads((out / "tiny" / "las" / "seed0" / "summary.json").read_text())
+    assert s["workload_sha256"] == hashlib.sha256(other.read_bytes()).hexdigest()
+    warned = json.loads((out / "comparison.json").read_text())["warnings"]
+    assert len(warned) == 1 and warned[0].startswith(
+        "comparison.json mixes runs of workload 'tiny' made from different trace files")
+    assert "tiny/las/seed0" in warned[0] and "tiny/static/seed0" in warned[0]
+    assert "made from different trace files" in res.stderr
+    res = simulate("--workload", str(workload), "--policy", "las", *common)
+    assert "another trace file of the same name" in res.stderr, res.stderr
+    assert json.loads((out / "comparison.json").read_text())["warnings"] == []
