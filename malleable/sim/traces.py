@@ -107,13 +107,33 @@ def _open_text(path: Path) -> io.TextIOBase:
         raise TraceError(path, 0, "", None, f"cannot read trace: {exc.strerror}") from None
 
 
+def _read_error(path: Path, exc: BaseException) -> TraceError:
+    """The `TraceError` for a trace that could not be read: for bytes that are not UTF-8,
+    the first such line and the byte (found by reading the file again, as bytes)."""
+    if isinstance(exc, UnicodeDecodeError):
+        try:
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rb") as fh:
+                for line, raw in enumerate(fh, start=1):
+                    try:
+                        raw.decode("utf-8")
+                    except UnicodeDecodeError as bad:
+                        byte = raw[bad.start:bad.start + 1]
+                        return TraceError(path, line, "", None,
+                                          f"not UTF-8 text: byte 0x{byte.hex()} at column "
+                                          f"{bad.start + 1}")
+        except (OSError, EOFError):
+            pass
+    return TraceError(path, 0, "", None, f"cannot read trace: {getattr(exc, 'strerror', None) or exc}")
+
+
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     fh = _open_text(path)
     try:
         with fh:
             yield from enumerate(fh, start=1)
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+        raise _read_error(path, exc) from None
 
 
 def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -136,7 +156,7 @@ def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
                                      f"{len(cells)} fields, expected {len(header)}")
                 yield line, row
     except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
-        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+        raise _read_error(path, exc) from None
 
 
 def _int(path: Path, line: int, field: str, raw: Any, *, lo: int = 0) -> int:
@@ -553,7 +573,7 @@ def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
                                      gpus=_sacct_gpus(path, line, row), duration_s=duration,
                                      nodes=nodes, group=row.get("Partition", "").strip()))
     except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+        raise _read_error(path, exc) from None
     jobs = _uniquify(jobs)
     origin = min((j.arrival_s for j in jobs), default=0.0)
     return _rebase(jobs, origin), skipped
@@ -604,7 +624,7 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+        raise _read_error(path, exc) from None
     if not isinstance(doc, dict) or "jobs" not in doc:
         raise TraceError(path, 0, "", None, "not a sacct --json export: expected an object "
                          "with a 'jobs' list")
@@ -719,7 +739,7 @@ def load_sacct(path: str | Path) -> tuple[list[TraceJob], int]:
         with fh:
             head = fh.read(4096)
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceError(path, 0, "", None, f"cannot read trace: {exc}") from None
+        raise _read_error(path, exc) from None
     first = head.lstrip()[:1]
     first_line = head.split("\n", 1)[0]
     if first == "{":

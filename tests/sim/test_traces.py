@@ -69,6 +69,18 @@ def test_a_byte_order_mark_before_the_header_is_read_as_utf8(tmp_path):
     assert load_pollux_workload(gz) == load_pollux_workload(src)
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+def test_bytes_that_are_not_utf8_are_named_by_line_and_column(tmp_path, suffix):
+    data = (b"name,time,application,num_replicas,batch_size\ncifar10-0,107,cifar10,6,2048\n"
+            b"ncf-1,9\xff0,ncf,1,32768\n")
+    f = tmp_path / f"w{suffix}"
+    f.write_bytes(gzip.compress(data) if suffix == ".csv.gz" else data)
+    with pytest.raises(TraceError) as err:
+        load_pollux_workload(f)
+    assert str(err.value) == f"{f}:3: not UTF-8 text: byte 0xff at column 8"
+    assert err.value.line == 3
+
+
 @need_shared
 def test_vendored_pollux_files_are_byte_identical_to_the_shared_copies():
     for src in sorted((SHARED / "pollux").rglob("*.csv")):
