@@ -418,8 +418,9 @@ def _validate(specs) -> list[int]:
     for s in specs:
         key = (s.workload, s.seed if s.fmt in ("philly", "gavel", "auto") else 0)
         if key not in sizes:
+            left_out: list[str] = []
             try:
-                jobs = s.load()
+                jobs = s.load(left_out)
             except TraceError as exc:
                 raise _fail(f"--workload {exc}") from None
             except ValueError as exc:
@@ -427,6 +428,11 @@ def _validate(specs) -> list[int]:
             if not jobs:
                 raise _fail(f"--workload {s.workload}: no job to simulate (the trace has "
                             "none, or none is left after the loader's filters)")
+            for note in left_out:
+                if (s.workload, note) not in noted:
+                    noted.add((s.workload, note))
+                    click.echo(f"malleable simulate: note: --workload {s.workload}: {note}",
+                               err=True)
             sizes[key] = len(jobs)
             total = s.nodes * s.gpus_per_node
             big = sum(1 for j in jobs if j.gpus > total)

@@ -136,8 +136,9 @@ class RunSpec:
                           setup=setup_for(self.policy, self.job_setup, self.oracle_work),
                           max_time_s=self.max_time_s)
 
-    def load(self):
-        """The run's trace (`malleable.sim.workloads.load_workload`).
+    def load(self, notes: list[str] | None = None):
+        """The run's trace (`malleable.sim.workloads.load_workload`; ``notes`` gets its
+        notes on rows left out).
 
         Raises:
             TraceError, ValueError: as `load_workload`.
@@ -146,7 +147,7 @@ class RunSpec:
                              load_scale=self.load_scale, window_days=self.window_days,
                              capacity_gpus=self.nodes * self.gpus_per_node,
                              gpus_per_node=self.gpus_per_node,
-                             gpu_time_classes=self.gpu_time_classes)
+                             gpu_time_classes=self.gpu_time_classes, notes=notes)
 
     def trace_format(self) -> str:
         """The trace format the run reads: ``fmt``, or the detected one for "auto"

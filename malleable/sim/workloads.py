@@ -249,7 +249,8 @@ def scale_load(jobs: list[TraceJob], load_scale: float) -> list[TraceJob]:
 
 def load_workload(path: str | Path, fmt: str = "auto", *, seed: int = 0, load_scale: float = 1.0,
                   window_days: float | None = None, capacity_gpus: float | None = None,
-                  gpus_per_node: int = 4, gpu_time_classes: bool = False) -> list[TraceJob]:
+                  gpus_per_node: int = 4, gpu_time_classes: bool = False,
+                  notes: list[str] | None = None) -> list[TraceJob]:
     """Read one trace for a run (see the module docstring).
 
     Args:
@@ -262,6 +263,9 @@ def load_workload(path: str | Path, fmt: str = "auto", *, seed: int = 0, load_sc
         capacity_gpus: the cluster's GPUs (for the window).
         gpus_per_node: g (for the window's demand).
         gpu_time_classes: map SWF/sacct GPU jobs to models (`map_models`).
+        notes: if given, gets one line per kind of row the loader left out (SWF jobs
+            with an unknown submit time, run time or processor count; sacct jobs that
+            never started or still run), with their count.
 
     Raises:
         TraceError: a missing, unreadable, empty or not regular file (`trace_file_problem`),
@@ -284,9 +288,14 @@ def load_workload(path: str | Path, fmt: str = "auto", *, seed: int = 0, load_sc
     elif fmt == "gavel":
         jobs = load_gavel(p, seed=seed % 5)
     elif fmt == "swf":
-        jobs, _ = load_swf(p)
+        jobs, skipped = load_swf(p)
+        if skipped and notes is not None:
+            notes.append(f"{skipped} job(s) with an unknown submit time, run time or "
+                         f"processor count (-1) left out")
     elif fmt == "sacct":
-        jobs, _ = load_sacct(p)
+        jobs, skipped = load_sacct(p)
+        if skipped and notes is not None:
+            notes.append(f"{skipped} job(s) that never started or still run left out")
     else:
         raise ValueError(f"unknown trace format {fmt!r} (known: auto, {', '.join(FORMATS)})")
     jobs = map_models(jobs, fmt, seed=seed, gpu_time_classes=gpu_time_classes)

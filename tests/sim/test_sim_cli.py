@@ -613,3 +613,22 @@ def test_runs_of_same_named_traces_with_other_contents_are_warned(tmp_path, work
     res = simulate("--workload", str(workload), "--policy", "las", *common)
     assert "another trace file of the same name" in res.stderr, res.stderr
     assert json.loads((out / "comparison.json").read_text())["warnings"] == []
+
+
+def test_rows_a_loader_leaves_out_are_noted(tmp_path):
+    """sacct jobs that never started or still run are left out, with a note (the count
+    was dropped: with every job left out, only 'no job to simulate' said anything)."""
+    f = tmp_path / "sacct.txt"
+    f.write_text(
+        "JobID|JobName|Partition|Submit|Start|End|Elapsed|NNodes|AllocTRES|State|\n"
+        "100|a|gpu|2024-03-01T10:00:00|2024-03-01T10:00:00|2024-03-01T10:05:00|00:05:00|1|"
+        "gres/gpu=4|COMPLETED|\n"
+        "103|b|gpu|2024-03-01T11:05:00|Unknown|Unknown|00:00:00|1||CANCELLED by 0|\n"
+        "104|c|gpu|2024-03-01T11:06:00|2024-03-01T11:07:00|Unknown|00:10:00|1|gres/gpu=1|"
+        "RUNNING|\n")
+    res = simulate("--workload", str(f), "--policy", "las", "--nodes", "2", "--max-time", "0.5",
+                   "--no-plots", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.stderr
+    assert (f"malleable simulate: note: --workload {f}: 2 job(s) that never started or still "
+            f"run left out") in res.stderr
+    assert res.stderr.count("left out") == 1
