@@ -357,6 +357,9 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
         if name not in policies:
             raise _fail(f"--policy-params {v!r}: {name!r} is not among --policy "
                         f"({', '.join(policies)}); its parameters would be unused")
+        if name in out:
+            raise _fail(f"--policy-params {v!r}: parameters of {name!r} given twice (give "
+                        f"them in one JSON object)")
         try:
             params = json.loads(text)
         except ValueError as exc:

@@ -237,6 +237,9 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "las", "--policy-params", 'pollux={"p": -1}'],
      "'pollux' is not among --policy (las); its parameters would be unused"),
     (["--policy", "las", "--policy-params", "las"], "expected NAME=JSON for a policy of"),
+    (["--policy", "las", "--policy-params", 'las={"starve_s": 60}', "--policy-params",
+      'las={"continuous": true}'], "parameters of 'las' given twice (give them in one JSON "
+                                    "object)"),
     (["--policy", "pollux", "--compare-only"],
      "--compare-only rebuilds the comparison of the runs already in --out; it runs nothing, "
      "so --workload, --policy would be ignored"),
