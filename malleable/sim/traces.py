@@ -383,11 +383,17 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
     """
     path = Path(path)
     jobs = []
+    seen: dict[str, int] = {}   # job name -> its line
     need = ("seed", "vc", "line_no", "job_type", "total_steps", "arrival_time_s", "scale_factor")
     for line, row in _csv_rows(path, need):
         s = _int(path, line, "seed", row["seed"])
         if s != seed or (vc is not None and row["vc"] != vc):
             continue
+        name = f"{row['vc']}-{row['line_no'].strip()}"
+        if name in seen:
+            raise TraceError(path, line, "line_no", row["line_no"],
+                             f"job {name} of seed {s} already on line {seen[name]}")
+        seen[name] = line
         job_type = row["job_type"].strip()
         if not job_type:
             raise TraceError(path, line, "job_type", row["job_type"], "empty")

@@ -248,6 +248,15 @@ def test_gavel_refuses_a_malformed_row(tmp_path):
                  "0,v,1,LM (batch size 5),-n,1,100,12.5,two\n")
     with pytest.raises(TraceError, match=r"g.csv.gz:3: field scale_factor='two': not an integer"):
         load_gavel(f)
+    # A (vc, line_no) twice in one seed made two jobs of one name; another seed's is fine.
+    with gzip.open(f, "wt") as fh:
+        fh.write(head + "0,v,0,LM (batch size 5),-n,1,100,0.0,1\n"
+                 "1,v,0,LM (batch size 5),-n,1,100,0.0,1\n"
+                 "0,v,0,LM (batch size 5),-n,1,100,12.5,2\n")
+    assert [j.name for j in load_gavel(f, seed=1)] == ["v-0"]
+    with pytest.raises(TraceError, match=r"g.csv.gz:4: field line_no='0': job v-0 of seed 0 "
+                                         r"already on line 2"):
+        load_gavel(f)
 
 
 # ----------------------------------------------------------------------------- SWF
