@@ -484,6 +484,9 @@ def _elapsed(path: Path, line: int, field: str, raw: str) -> float:
     m = _ELAPSED.match(raw.strip())
     if m is None:
         raise TraceError(path, line, field, raw, "not a duration [D-][HH:]MM:SS")
+    if int(m["m"]) > 59 or float(m["s"]) >= 60 or (m["d"] and int(m["h"] or 0) > 23):
+        raise TraceError(path, line, field, raw, "not a duration [D-][HH:]MM:SS (minutes "
+                         "and seconds below 60, hours below 24 after a day count)")
     return (int(m["d"] or 0) * 86400 + int(m["h"] or 0) * 3600 + int(m["m"]) * 60
             + float(m["s"]))
 
@@ -679,6 +682,9 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         nodes = None
         if nodes_raw is not None:
             n = _json_number(path, where, f"{where}.allocation_nodes", nodes_raw)
+            if n is not None and not (n >= 0 and n == int(n)):
+                raise TraceError(path, 0, f"{where}.allocation_nodes", nodes_raw,
+                                 f"{where}: not an integer >= 0")
             nodes = int(n) if n is not None else None
         jobs.append(TraceJob(name=jid, arrival_s=submit, gpus=gpus or 0, duration_s=duration,
                              nodes=nodes, group=str(rec.get("partition") or "")))

@@ -345,6 +345,10 @@ def test_sacct_pipe_text_skips_a_running_job_despite_its_elapsed(tmp_path):
      "field Submit='2024-03-01 11:00:00'"),
     ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|9 sec|1|node=1|OK|",
      "field Elapsed='9 sec'"),
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:61:99|1|node=1|"
+     "OK|", "field Elapsed='00:61:99': not a duration [D-][HH:]MM:SS (minutes and seconds"),
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|1-24:00:00|1|"
+     "node=1|OK|", "field Elapsed='1-24:00:00'"),
     ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|one|node=1|OK|",
      "field NNodes='one'"),
     ("job104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1||OK|",
@@ -419,6 +423,13 @@ def test_sacct_json_in_22_05_and_23_11_shapes(tmp_path):
                                          r"the GPU count is not an integer >= 0"):
         load_sacct(f)
     doc["jobs"][0]["tres"]["allocated"][1]["count"] = 8
+    for bad in (-3, 1.5):    # -3 was accepted as a node count
+        doc["jobs"][0]["allocation_nodes"] = bad
+        f.write_text(json.dumps(doc))
+        with pytest.raises(TraceError, match=rf"field jobs\[0\]\.allocation_nodes={bad}: "
+                                             r"jobs\[0\]: not an integer >= 0"):
+            load_sacct(f)
+    doc["jobs"][0]["allocation_nodes"] = 2
     doc["jobs"][1]["tres"]["requested"] = {"gres/gpu": 2}
     f.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=r"field jobs\[1\]\.tres\.requested=.*expected a list"):
