@@ -20,6 +20,8 @@ import click
 from malleable.clitypes import FiniteFloat
 
 TRACE_SUFFIXES = (".csv", ".csv.gz", ".swf", ".swf.gz", ".json", ".txt", ".log")
+# A trace folder's documentation, not a trace (README.txt, LICENSE.txt, NOTICE, ...).
+NOT_TRACES = ("readme", "license", "licence", "notice", "copying", "changelog")
 
 
 def _fail(message: str) -> click.exceptions.Exit:
@@ -51,6 +53,7 @@ def _expand(paths: list[str]) -> list[str]:
         if path.is_dir():
             found = sorted(str(f) for f in path.iterdir() if f.is_file()
                            and not f.name.startswith(".")
+                           and not f.name.lower().startswith(NOT_TRACES)
                            and any(f.name.endswith(s) for s in TRACE_SUFFIXES))
             if not found:
                 raise _fail(f"--workload {p}: directory holds no trace file")
@@ -86,7 +89,9 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 
 @click.command("simulate")
 @click.option("--workload", "workloads", multiple=True, metavar="PATH[,PATH...]",
-              help="Trace file(s), comma-separated or repeated; a directory means its files.")
+              help="Trace file(s), comma-separated or repeated; a directory means its "
+                   "trace files (*.csv, *.swf, *.json, *.txt, *.log, optionally .gz; not "
+                   "README*, LICENSE* and the like).")
 @click.option("--policy", "policies", multiple=True, metavar="NAME[,NAME...]",
               help="Policy name(s): pollux (= default), las, gittins, hesrpt, srpt, "
                    "optimus, equi, fifo, static (docs/policies.md). Default: --config's "

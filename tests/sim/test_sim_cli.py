@@ -635,3 +635,15 @@ def test_rows_a_loader_leaves_out_are_noted(tmp_path):
     assert (f"malleable simulate: note: --workload {f}: 2 job(s) that never started or still "
             f"run left out") in res.stderr
     assert res.stderr.count("left out") == 1
+
+
+def test_a_trace_directory_means_its_traces_not_its_readme(tmp_path, workload):
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "tiny.csv").write_text(WORKLOAD)
+    (d / "README.txt").write_text("These traces come from ...\n")
+    (d / "LICENSE.txt").write_text("CC-BY-4.0\n")
+    res = simulate("--workload", str(d), "--policy", "static", "--nodes", "2", "--max-time",
+                   "0.2", "--no-plots", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.stderr
+    assert [p.name for p in (tmp_path / "o").iterdir() if p.is_dir()] == ["tiny"]
