@@ -149,6 +149,9 @@ def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
                                  f"missing column(s) {', '.join(missing)}")
             for row in reader:
                 line = reader.line_num
+                if all(v is None or (isinstance(v, str) and not v.strip())
+                       for v in row.values()):
+                    continue   # blank cells only (",,,," from a spreadsheet): as an empty line
                 if None in row or any(v is None for v in row.values()):
                     cells = [v for k, v in row.items() if k is not None and v is not None]
                     cells += row.get(None) or []   # csv.DictReader's extra cells

@@ -81,6 +81,14 @@ def test_bytes_that_are_not_utf8_are_named_by_line_and_column(tmp_path, suffix):
     assert err.value.line == 3
 
 
+def test_lines_of_blank_cells_are_skipped_as_empty_lines(tmp_path):
+    """Spreadsheets export empty rows as ",,,,"; whitespace-only lines are as empty."""
+    f = tmp_path / "w.csv"
+    f.write_text("name,time,application,num_replicas,batch_size\ncifar10-0,107,cifar10,6,2048\n"
+                 ",,,,\n   \n\nncf-1,90,ncf,1,32768\n , ,\n")
+    assert [j.name for j in load_pollux_workload(f)] == ["ncf-1", "cifar10-0"]
+
+
 @need_shared
 def test_vendored_pollux_files_are_byte_identical_to_the_shared_copies():
     for src in sorted((SHARED / "pollux").rglob("*.csv")):
