@@ -231,7 +231,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     try:
         names = unique_names(paths)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail(f"--workload: {exc}") from None
     specs = [sweep.RunSpec(workload=str(Path(w).resolve()), name=n, policy=p, seed=s,
                            params=params.get(p),
                            out_dir=str(out), fmt=fmt, nodes=nodes, gpus_per_node=gpus_per_node,

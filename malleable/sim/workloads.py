@@ -137,7 +137,11 @@ def unique_names(paths: Sequence[str | Path]) -> list[str]:
     out = [f"{Path(p).resolve().parent.name}-{n}" if n in dup else n
            for p, n in zip(paths, names, strict=True)]
     if len(set(out)) != len(out):
-        raise ValueError(f"workloads with the same name: {', '.join(str(p) for p in paths)}")
+        clash = sorted({n for n in out if out.count(n) > 1})
+        same = [str(p) for p, n in zip(paths, out, strict=True) if n in clash]
+        raise ValueError(f"traces whose runs would share a name ({', '.join(clash)}): "
+                         f"{', '.join(same)}; rename or move one (a run is named by its "
+                         f"file name without the extension, and its folder if two collide)")
     return out
 
 

@@ -160,6 +160,9 @@ def test_load_scale_and_names():
         scale_load(jobs, 0.0)
     assert unique_names(["/x/w.csv", "/y/v.csv.gz"]) == ["w", "v"]
     assert unique_names(["/x/w.csv", "/y/w.csv"]) == ["x-w", "y-w"]
+    with pytest.raises(ValueError, match=r"^traces whose runs would share a name \(c-a\): "
+                                         r"/c/a\.csv, /c/a\.swf; rename or move one"):
+        unique_names(["/c/a.csv", "/d/b.csv", "/c/a.swf"])
 
 
 def test_busiest_fitting_window():
