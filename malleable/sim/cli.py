@@ -190,7 +190,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
                         if not skipped else
                         f"--out {out_dir}: no valid run to compare ({skipped} run folder(s) "
                         "skipped: see the notes above)")
-        path = _compare(runs, out, out_dir)
+        path = _compare(runs, out, out_dir, notes=notes)
         click.echo(f"{len(runs)} run(s) compared: {path}" + (
             f" ({skipped} run folder(s) skipped: see the notes)" if skipped else ""))
         return
@@ -292,7 +292,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         notes = []
         runs = sweep.collect(out, notes)
         _notes(notes)
-        path = _compare(runs, out, out_dir, code=1)   # the runs were written
+        path = _compare(runs, out, out_dir, code=1, notes=notes)   # runs written
         others = len(runs) - len(results)
         skipped = sum(1 for n in notes if n.endswith(sweep.SKIPPED))
         click.echo(f"comparison: {path}" + (f" (with {others} earlier run(s) found in "
@@ -305,13 +305,16 @@ def _notes(lines) -> None:
         click.echo(f"malleable simulate: note: {line}", err=True)
 
 
-def _compare(runs: list[dict], out: Path, out_dir: str, code: int = 2) -> Path:
-    """Write the comparison of ``runs`` and note the settings they differ in; if it
-    cannot be written, one error line and exit ``code``."""
+def _compare(runs: list[dict], out: Path, out_dir: str, code: int = 2,
+             notes: list[str] | None = None) -> Path:
+    """Write the comparison of ``runs`` (with ``notes`` of skipped run folders among its
+    warnings) and note the settings they differ in; if it cannot be written, one error
+    line and exit ``code``."""
     from malleable.sim import sweep
 
+    skipped = [n for n in notes or [] if n.endswith(sweep.SKIPPED)]
     try:
-        path = sweep.write_comparison(runs, out)
+        path = sweep.write_comparison(runs, out, skipped)
     except OSError as exc:
         click.echo(f"malleable simulate: error: --out {out_dir}: cannot write the "
                    f"comparison ({exc.strerror or exc})", err=True)

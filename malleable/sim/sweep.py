@@ -686,12 +686,14 @@ _COMPARED = ("avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "gpu_utiliz
              "restarts_per_job", "ftf_rho_avg")
 
 
-def write_comparison(runs: Sequence[dict], out_dir: str | Path) -> Path:
+def write_comparison(runs: Sequence[dict], out_dir: str | Path,
+                     skipped: Sequence[str] = ()) -> Path:
     """``comparison.json`` and the JCT CDF plots (see the module docstring).
 
     ``runs`` as `collect` returns them (checked by `read_run`). comparison.json also
-    has ``mixed_settings`` (`mixed_settings`) and ``warnings`` (one line per mixed
-    setting, `mixed_settings_notes`).
+    has ``mixed_settings`` (`mixed_settings`) and ``warnings``: one line per mixed
+    setting (`mixed_settings_notes`), per workload made from different trace files
+    (`mixed_traces`), and ``skipped``, `collect`'s notes on run folders it skipped.
 
     Returns:
         The path of comparison.json.
@@ -722,7 +724,7 @@ def write_comparison(runs: Sequence[dict], out_dir: str | Path) -> Path:
     mixed = mixed_settings(runs)
     doc = {"runs": per_run, "by_policy": means,
            "mixed_settings": mixed,
-           "warnings": mixed_settings_notes(mixed) + mixed_traces(runs),
+           "warnings": mixed_settings_notes(mixed) + mixed_traces(runs) + list(skipped),
            "note": "mean_* are means over runs (workloads x seeds) of each run's metric "
                    "(null: no run has it); a run that stopped at --max-time "
                    "(incomplete_runs, all_finished false) has metrics over its finished "

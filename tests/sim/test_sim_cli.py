@@ -487,6 +487,8 @@ def test_compare_only_skips_a_corrupt_run_folder_with_a_note(tmp_path, summary, 
     assert "1 run(s) compared" in res.stdout and "(1 run folder(s) skipped" in res.stdout
     cmp = json.loads((out / "comparison.json").read_text())
     assert [(r["policy"], r["avg_jct_s"]) for r in cmp["runs"]] == [("static", 100.0)]
+    # comparison.json says so too (it had warnings [] with a folder skipped).
+    assert cmp["warnings"] == [notes[0].removeprefix("malleable simulate: note: ")]
 
 
 def test_compare_only_without_a_valid_run_is_one_error_line_and_exit_2(tmp_path):
