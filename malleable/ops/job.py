@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from malleable.db import store
-from malleable.db.models import Action, Decision, ProgressSample, Target
+from malleable.db.models import FINISHED_STATES, Action, Decision, ProgressSample, Target
 from malleable.mpl import pyplot
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.output import (
@@ -135,7 +135,7 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
     target_gpus = targets[0].gpus if targets else None
     at = target_gpus if target_gpus is not None else (job.gpus if job.state == "RUNNING" else 0)
     goodput = curve.at(at) if curve is not None and at else None
-    wait = queue_wait(job.state, job.start_time, now)
+    wait = queue_wait(job.state, job.start_time, now, held=bool(job.held))
     params = (est.params or {}) if est else {}
     doc = {
         "schema": SCHEMA,
@@ -284,6 +284,16 @@ def _start_text(j: dict) -> str:
     return f"started {j['start_time'] or '-'}"
 
 
+def _end_text(j: dict) -> str:
+    """A finished job's end; a running job's end time is its time limit's (Slurm's), a
+    pending job's is not one (it was printed as ``ended <a future time>``)."""
+    if j["state"] in FINISHED_STATES:
+        return f", ended {j['end_time'] or '-'}"
+    if j["state"] == "RUNNING" and j["end_time"]:
+        return f", time limit ends {j['end_time']}"
+    return ""
+
+
 def _wait_text(j: dict, e: dict) -> str:
     """What a pending job's ETA says of its wait in the queue."""
     if j["state"] != "PENDING" or e["eta_s"] is None:
@@ -304,8 +314,8 @@ def render_job(doc: dict) -> str:
            f", {size}",
            f"spec:      {sp['text'] or '-'}" + (f"  [INVALID: {sp['error']}]" if sp["error"]
                                                  else ""),
-           f"times:     arrived {j['arrival_time'] or '-'}, {_start_text(j)}, "
-           f"ended {j['end_time'] or '-'}; restarts {j['restart_count']}; attained "
+           f"times:     arrived {j['arrival_time'] or '-'}, {_start_text(j)}"
+           f"{_end_text(j)}; restarts {j['restart_count']}; attained "
            f"{fmt_number((j['attained_gpu_s'] or 0) / 3600, 'GPU-h')}"]
     tp = pr["throughput"]
     last = pr["last"]

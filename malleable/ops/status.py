@@ -158,7 +158,7 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
         curve = goodput_curve(est.params if est else None, j.spec, gpus_per_node, extra=[at],
                               flags=estimate_bits(est))
         goodput = curve.at(at) if curve is not None and at > 0 else None
-        wait = queue_wait(j.state, j.start_time, now)
+        wait = queue_wait(j.state, j.start_time, now, held=bool(j.held))
         eta = eta_with_wait(remaining_time(work, goodput), wait)
         a = actions.get(j.id)
         out.append({

@@ -205,21 +205,31 @@ def remaining_time(remaining_work: float | None, goodput: float | None) -> float
     return max(0.0, remaining_work) / goodput
 
 
-def queue_wait(state: str | None, start_time: datetime | None, now: datetime) -> float | None:
+UNPLANNED_START_S = 300 * 86400.0
+"""A pending job's expected start this far ahead (s) is no estimate: Slurm's backfill
+puts a start it cannot plan (e.g. the running jobs have no time limit) a year ahead."""
+
+
+def queue_wait(state: str | None, start_time: datetime | None, now: datetime,
+               held: bool = False) -> float | None:
     """Seconds a PENDING job still waits to start, by Slurm's expected start time.
 
     Args:
         state: the job's Slurm state name.
         start_time: its ``start_time`` (for a PENDING job, Slurm's estimate; aware UTC).
         now: the time to measure from (aware UTC).
+        held: the job is held (its start time is then when it became eligible, not an
+            expected start).
 
     Returns:
         ``max(0, start_time - now)`` in seconds for a PENDING job with an expected start;
-        None for any other job, or a PENDING one Slurm gave no expected start.
+        None for any other job, a held one, or a PENDING one Slurm gave no expected
+        start (none, or its a-year-ahead placeholder, `UNPLANNED_START_S`).
     """
-    if state != "PENDING" or start_time is None:
+    if state != "PENDING" or start_time is None or held:
         return None
-    return max(0.0, (start_time - now).total_seconds())
+    wait = (start_time - now).total_seconds()
+    return None if wait >= UNPLANNED_START_S else max(0.0, wait)
 
 
 def eta_with_wait(run_s: float | None, wait_s: float | None) -> float | None:

@@ -292,6 +292,14 @@ def test_job_show_pending_start_is_slurms_expectation(run):
     assert "expected to start 2026-03-01T13:00:00Z (Slurm's estimate)" in render_job(doc)
     doc["job"]["state"] = "RUNNING"
     assert "started 2026-03-01T13:00:00Z" in render_job(doc)
+    # Slurm's end time of a pending or running job is its time limit's, not an end.
+    doc["job"]["end_time"] = "2026-03-01T15:00:00Z"
+    assert "started 2026-03-01T13:00:00Z, time limit ends 2026-03-01T15:00:00Z;" \
+        in render_job(doc)
+    doc["job"]["state"] = "PENDING"
+    assert "ended" not in render_job(doc) and "time limit" not in render_job(doc)
+    doc["job"]["state"] = "COMPLETED"
+    assert "ended 2026-03-01T15:00:00Z;" in render_job(doc)
 
 
 def _as_pending(built, start_time):

@@ -21,10 +21,13 @@ from malleable.ops.output import (
     table,
 )
 from malleable.ops.views import (
+    UNPLANNED_START_S,
     estimate_bits,
+    eta_with_wait,
     flag_names,
     goodput_curve,
     infer_gpus_per_node,
+    queue_wait,
     recent_throughput,
     remaining_time,
     slurm_conf_gpus_per_node,
@@ -98,6 +101,20 @@ def test_goodput_curve_with_extra_counts_and_unusable_inputs():
     assert goodput_curve(None, {"min_gpus": 1, "max_gpus": 2}, 4) is None
     assert goodput_curve({**params, "u": [float("nan")] * 7}, {"min_gpus": 1, "max_gpus": 2},
                          4) is None
+
+
+def test_queue_wait_is_slurms_expected_start_of_a_pending_job():
+    d = timedelta(seconds=600)
+    assert queue_wait("PENDING", T0 + d, T0) == 600.0
+    assert queue_wait("PENDING", T0 - d, T0) == 0.0                 # overdue: starts now
+    assert queue_wait("RUNNING", T0 + d, T0) is None
+    assert queue_wait("PENDING", None, T0) is None
+    assert queue_wait("PENDING", T0 + d, T0, held=True) is None     # eligible time, not a start
+    # Backfill's "cannot plan" start, a year ahead (running jobs without a time limit).
+    assert queue_wait("PENDING", T0 + timedelta(days=365), T0) is None
+    assert queue_wait("PENDING", T0 + timedelta(seconds=UNPLANNED_START_S - 1), T0) > 0
+    assert eta_with_wait(100.0, 600.0) == 700.0 and eta_with_wait(100.0, None) == 100.0
+    assert eta_with_wait(None, 600.0) is None
 
 
 def test_remaining_time_and_flags():
