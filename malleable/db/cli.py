@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,9 +75,9 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
                 fn(engine, **kw)
                 done = True
                 for d in new_dirs:
-                    click.echo(f"created directory {d} (mode 0700)")
+                    click.echo(f"created directory {d} (mode {_mode(d)})")
                 if new_file is not None:
-                    click.echo(f"created {new_file} (mode 0600)")
+                    click.echo(f"created {new_file} (mode {_mode(new_file)})")
             except (StoreError, ConfigError) as exc:
                 _fail(ctx, str(exc))
             except OSError as exc:   # e.g. another user's 0600 database file
@@ -101,7 +103,17 @@ def _missing_sqlite_file(url: str) -> Path | None:
         path = sqlite_path(url)
     except Exception:   # a malformed URL: make_engine names it
         return None
-    return path if path is not None and not path.exists() else None
+    if path is None or path.exists():
+        return None
+    return Path(os.path.realpath(path))   # through a symbolic link: the file it names
+
+
+def _mode(path: Path) -> str:
+    """A file's permission bits as ls shows them in octal, e.g. 0700 ("?" if gone)."""
+    try:
+        return f"{stat.S_IMODE(os.stat(path).st_mode):04o}"
+    except OSError:
+        return "?"
 
 
 def _missing_dirs(path: Path) -> list[Path]:

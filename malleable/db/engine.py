@@ -135,15 +135,19 @@ def _is_unavailable(exc: BaseException) -> bool:
 
 
 def _create_sqlite_file(path: Path) -> None:
-    """Create the parent directory (0700) and an empty database file (0600) if missing."""
+    """Create the missing directories above the file, each 0700, and an empty database
+    file (0600) if missing; through a symbolic link, the file it points to."""
     where = str(path)
+    real = Path(os.path.realpath(path))
+    missing = [d for d in [real.parent, *real.parent.parents] if not d.exists()]
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in reversed(missing):
+            d.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
-        raise DatabaseUnavailable(where, f"cannot create directory {path.parent}: "
+        raise DatabaseUnavailable(where, f"cannot create directory {exc.filename or d}: "
                                   f"{exc.strerror or exc}") from exc
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return
     except OSError as exc:

@@ -7,6 +7,7 @@ session's private PostgreSQL server (tests/postgres_fixture.py).
 from __future__ import annotations
 
 import multiprocessing
+import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -256,6 +257,7 @@ def test_cli_upgrade_says_what_it_creates_and_removes_it_on_failure(tmp_path):
                                          f"created directory {tmp_path / 'a' / 'b'} (mode 0700)",
                                          f"created {db} (mode 0600)"]
     assert (db.parent.stat().st_mode & 0o777, db.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o700   # every one, not the last only
     r = runner.invoke(main, ["db", "upgrade", "--database-url", f"sqlite:///{db}"])
     assert r.exit_code == 0 and "created" not in r.output          # nothing new this time
     bad = tmp_path / "x" / "y" / "s.db"
@@ -263,3 +265,25 @@ def test_cli_upgrade_says_what_it_creates_and_removes_it_on_failure(tmp_path):
                              "--database-url", f"sqlite:///{bad}"])
     assert r.exit_code == 2 and "created" not in r.output, r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_upgrade_through_a_symbolic_link_creates_its_target(tmp_path):
+    """A dangling link names the file to create (0600, in 0700 directories); a failed
+    upgrade removes that file and its directories, and leaves the link."""
+    link = tmp_path / "link.db"
+    target = tmp_path / "real" / "r.db"
+    link.symlink_to(target)
+    runner = CliRunner()
+    old = os.umask(0)
+    try:
+        r = runner.invoke(main, ["db", "upgrade", "--to", "nosuchrev",
+                                 "--database-url", f"sqlite:///{link}"])
+        assert r.exit_code == 2, r.output
+        assert link.is_symlink() and not (tmp_path / "real").exists()
+        r = runner.invoke(main, ["db", "upgrade", "--database-url", f"sqlite:///{link}"])
+    finally:
+        os.umask(old)
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[1:] == [f"created directory {tmp_path / 'real'} (mode 0700)",
+                                         f"created {target} (mode 0600)"]
+    assert target.stat().st_mode & 0o777 == 0o600 and link.is_symlink()
