@@ -1030,7 +1030,9 @@ def operator_change(session: Session, key: str) -> dict[str, str] | None:
     if not isinstance(got, Mapping) or not all(isinstance(got.get(f), str)
                                                for f in ("command", "by", "host", "time")):
         return None
-    return {f: got[f] for f in ("command", "by", "host", "time")}
+    # Printable only: the values go into log lines and the status view.
+    return {f: "".join(c if c.isprintable() else "?" for c in got[f])
+            for f in ("command", "by", "host", "time")}
 
 
 def set_policy(session: Session, name: str, params: Mapping[str, Any] | None = None,

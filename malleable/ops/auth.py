@@ -14,6 +14,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
 
 from malleable.config import DEFAULT_CONFIG_PATH, ENV_CONFIG, Config
 from malleable.ops.output import Refused
@@ -43,13 +44,21 @@ def caller() -> str:
     return f"{_user_name(uid)} (uid {uid}, groups: {', '.join(_group_names(gids))})"
 
 
+_USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?$")
+
+
 def actor() -> str:
     """This process's user as the store records who changed a setting: "alice (uid 1000)",
-    and under sudo also who ran sudo: "root (uid 0, sudo by bob)" (``$SUDO_USER``)."""
+    and as root under sudo also who ran sudo: "root (uid 0, sudo by bob)". ``$SUDO_USER``
+    counts only for root with ``$SUDO_UID`` set (sudo sets both) and a valid user name:
+    another user could write any name there (or a line break, to forge log lines)."""
     uid = os.geteuid()
-    sudo = os.environ.get("SUDO_USER", "").strip()
     name = _user_name(uid)
-    return f"{name} (uid {uid}" + (f", sudo by {sudo}" if sudo and sudo != name else "") + ")"
+    sudo = os.environ.get("SUDO_USER", "")
+    if not (uid == 0 and os.environ.get("SUDO_UID", "").isdigit() and _USER_NAME.match(sudo)
+            and sudo != name):
+        sudo = ""
+    return f"{name} (uid {uid}" + (f", sudo by {sudo}" if sudo else "") + ")"
 
 
 def is_operator(config: Config) -> bool:

@@ -184,8 +184,9 @@ def render_show(doc: dict) -> str:
         # `set` leaves the operator as the source; only `reset` returns it to the config.
         verb = ("unchanged" if not doc["changed"] else
                 "reset to the configuration's" if doc["source"] == "config" else "set")
-        first = f"policy {verb}: {head} {fmt_params(doc['params'])}".rstrip() + \
-            "; the daemon uses it from its next decision"
+        first = f"policy {verb}: {head} {fmt_params(doc['params'])}".rstrip() + (
+            "; the daemon uses it from its next decision" if doc["changed"]
+            else " (already in force: nothing to do)")
     else:
         first = f"policy: {head} {fmt_params(doc['params'])}".rstrip()
     src = ("set by " + (doc.get("set_by") or "an operator")
@@ -280,10 +281,10 @@ def set_(name: str, assignments: tuple[str, ...], config_path: str | None,
         with st.sessions() as s, s.begin():
             before = policy_doc(s, config)
             now = datetime.now(UTC)
-            store.set_policy(s, name, params, now)
             changed = (before["name"], before["params"], before["source"]) != \
                 (name, params, "operator")
-            if changed:
+            if changed:   # (the same choice again keeps when and by whom it was made)
+                store.set_policy(s, name, params, now)
                 store.record_operator_change(s, store.POLICY_BY_KEY, "policy set", actor(),
                                              socket.gethostname(), now)
         with st.sessions() as s:

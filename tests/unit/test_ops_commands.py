@@ -416,6 +416,7 @@ def test_who_paused_and_who_set_the_policy_are_recorded(run, monkeypatch):
     and policy show name them. A command that changes nothing leaves the record."""
     host = socket.gethostname()
     monkeypatch.setenv("SUDO_USER", "bob")
+    monkeypatch.setenv("SUDO_UID", "1001")
     js(run("pause", "--json"))
     doc = js(run("status", "--json"))
     assert doc["paused_by"].startswith(f"root (uid 0, sudo by bob) on {host} at 20")
@@ -429,8 +430,51 @@ def test_who_paused_and_who_set_the_policy_are_recorded(run, monkeypatch):
     shown = js(run("policy", "show", "--json"))
     assert shown["set_by"] == f"root (uid 0) on {host}"
     assert f"source: set by root (uid 0) on {host} at " in run("policy", "show").stdout
+    # The same choice again changes nothing: not who set it, not when.
+    monkeypatch.setenv("SUDO_USER", "carol")
+    again = js(run("policy", "set", "las", "starve_s=60", "--json"))
+    assert not again["changed"] and (again["set_by"], again["set_at"]) == \
+        (shown["set_by"], shown["set_at"])
+    assert "(already in force: nothing to do)" in run("policy", "set", "las", "starve_s=60").stdout
     js(run("policy", "reset", "--json"))
     assert js(run("policy", "show", "--json"))["set_by"] is None
+
+
+@pytest.mark.parametrize("uid, env, shown", [
+    (0, {"SUDO_USER": "bob", "SUDO_UID": "1001"}, "root (uid 0, sudo by bob)"),
+    (0, {"SUDO_USER": "bob"}, "root (uid 0)"),                    # not set by sudo
+    (0, {"SUDO_USER": "eve)\n2026 WARNING fake", "SUDO_UID": "7"}, "root (uid 0)"),
+    (0, {"SUDO_USER": "root", "SUDO_UID": "0"}, "root (uid 0)"),
+])
+def test_the_recorded_actor_trusts_sudo_user_only_from_sudo(monkeypatch, uid, env, shown):
+    """Another user could set $SUDO_USER to any name, or a line break that forges log
+    lines: it counts only for root with $SUDO_UID, and as a valid user name."""
+    from malleable.ops.auth import actor
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(os, "geteuid", lambda: uid)
+    assert actor() == shown
+
+
+def test_a_stored_actor_with_control_characters_is_shown_printable(built):
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s, s.begin():
+        store.record_operator_change(s, store.PAUSED_BY_KEY, "pause", "x\nWARNING forged",
+                                     "h\x1b[2J", NOW)
+        got = store.operator_change(s, store.PAUSED_BY_KEY)
+    eng.dispose()
+    assert (got["by"], got["host"]) == ("x?WARNING forged", "h?[2J")
+
+
+def test_non_root_sudo_user_is_ignored(run, monkeypatch):
+    monkeypatch.setenv("SUDO_USER", "carol")
+    monkeypatch.setenv("SUDO_UID", "5")
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    monkeypatch.setattr(os, "getgroups", lambda: [4321, 50])      # staff: an operator
+    js(run("pause", "--json"))
+    assert js(run("status", "--json"))["paused_by"].startswith("4321 (uid 4321) on ")
 
 
 def test_pause_refused_for_a_non_operator(run, monkeypatch):
