@@ -133,6 +133,42 @@ def comment_in(words: list[str]) -> str | None:
     return value
 
 
+# The sbatch long options submit reads or refuses: sbatch takes an unambiguous prefix of
+# an option (getopt_long), so a prefix of one of these is that option to us too.
+_READ_OPTIONS = ("nodes", "gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket",
+                 "tres-per-node", "tres-per-task", "no-requeue", "requeue", "open-mode",
+                 "export", "wrap", "comment")
+
+
+def full_option_names(words: list[str]) -> list[str]:
+    """``words`` with each abbreviated long option of `_READ_OPTIONS` spelled out
+    (``--gpus-per-nod=4`` -> ``--gpus-per-node=4``), as sbatch reads it.
+
+    Raises:
+        SubmitError: a prefix of several of them (sbatch would refuse it as ambiguous,
+            or read another option).
+    """
+    out = []
+    for w in words:
+        if w == "--":
+            out.extend(words[len(out):])
+            break
+        if not w.startswith("--") or len(w) <= 2:
+            out.append(w)
+            continue
+        name, eq, value = w[2:].partition("=")
+        if name in _READ_OPTIONS or len(name) < 3:   # ("--co": sbatch finds it ambiguous)
+            out.append(w)
+            continue
+        full = [o for o in _READ_OPTIONS if o.startswith(name)]
+        if len(full) > 1:
+            raise SubmitError(f"--{name}: an abbreviation of sbatch's "
+                              f"{', '.join('--' + f for f in full)}: spell the option out")
+        out.append(f"--{full[0]}{eq}{value}" if full else w)
+    return out
+
+
+
 def contract_conflict(words: list[str]) -> str | None:
     """Why one of these sbatch option words would undo the job contract, or None.
 
@@ -340,16 +376,22 @@ class _SubmitCommand(click.Command):
 
 
 def _repeated_options(cmd: click.Command, words: list[str]) -> list[tuple[str, int]]:
-    """Our value options given more than once before the script: (name, times)."""
-    names = {o: p.opts[-1] for p in cmd.params if isinstance(p, click.Option)
-             and not p.is_flag for o in p.opts}
+    """Our value options given more than once, anywhere on the command line (click reads
+    them after the script too), up to ``--``: (name, times). An option's value word is
+    skipped (``--model --gpus`` is one --model)."""
+    ours = {o: p for p in cmd.params if isinstance(p, click.Option) for o in p.opts}
     seen: dict[str, int] = {}
-    for w in words[:-1]:
+    i = 0
+    while i < len(words):
+        w = words[i]
         if w == "--":
             break
-        name = names.get(w.split("=", 1)[0] if w.startswith("--") else w)
-        if name is not None:
-            seen[name] = seen.get(name, 0) + 1
+        p = ours.get(w.split("=", 1)[0] if w.startswith("--") else w)
+        if p is not None and not p.is_flag:
+            seen[p.opts[-1]] = seen.get(p.opts[-1], 0) + 1
+            if "=" not in w:
+                i += 1   # its value
+        i += 1
     return [(n, k) for n, k in seen.items() if k > 1]
 
 
@@ -443,6 +485,10 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
             _fail(f"{script}: no such file; the batch script ({earlier}?) must be the last "
                   f"argument: script arguments are not supported (pass them through the "
                   f"environment)", 2)
+    try:
+        passthrough = full_option_names(passthrough)
+    except SubmitError as exc:
+        _fail(str(exc), 2)
     bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w)), None)
     if bad:
         _fail(f"{bad}: malleable submit sets the GPU request from the spec "

@@ -211,6 +211,37 @@ def test_an_option_given_twice_is_warned_and_the_last_applies(tmp_path):
     once = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
                                      "2-4", str(script)])
     assert once.exit_code == 0 and "warning" not in once.stderr
+    # After the script (click reads it there too), and not an option's value.
+    last = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
+                                     "2-4", str(script), "--gpus=2-8"])
+    assert last.exit_code == 0 and "gpus=2-8" in last.stdout
+    assert "--gpus given 2 times" in last.stderr
+    value = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
+                                      "2-4", "--model", "--gpus", str(script)])
+    assert "warning" not in value.stderr, value.stderr
+
+
+@pytest.mark.parametrize("word, message", [
+    ("--gpus-per-nod=4", "--gpus-per-node=4: malleable submit sets the GPU request"),
+    ("--gpus-per-t=2", "--gpus-per-task=2: malleable submit sets the GPU request"),
+    ("--nod=2", "--nodes=2: malleable submit sets the GPU request"),
+    ("--gpus-per=2", "--gpus-per: an abbreviation of sbatch's --gpus-per-node, "
+                     "--gpus-per-task, --gpus-per-socket: spell the option out"),
+    ("--no-req", "--no-requeue: a malleable job must be requeueable"),
+    ("--open-mo=truncate", "--open-mode=truncate: each requeue would truncate"),
+    ("--tres-per-n=gres/gpu:2", "--tres-per-node=gres/gpu:2: malleable submit sets the GPU"),
+])
+def test_abbreviated_sbatch_options_are_read_as_sbatch_reads_them(tmp_path, word, message):
+    """sbatch takes an unambiguous prefix of a long option: --gpus-per-nod=4 passed the
+    refusal and was submitted with a second GPU request."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus", "2-4",
+                                  word, str(script)])
+    assert r.exit_code == 2 and message in r.stderr, r.output
+    ok = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus",
+                                   "2-4", "--nodel=node1", "--co=x", str(script)])
+    assert ok.exit_code == 0 and "--nodel=node1 --co=x" in ok.stdout   # sbatch's to judge
 
 
 def test_options_that_keep_the_contract_pass(tmp_path):
