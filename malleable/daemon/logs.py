@@ -86,6 +86,24 @@ def setup_logging(level: str = "INFO", stream=None, journald: bool | None = None
     sched = logging.getLogger("apscheduler.scheduler")
     sched.filters[:] = [f for f in sched.filters if not isinstance(f, _NotSkipped)]
     sched.addFilter(_NotSkipped())
+    # Python's warnings (e.g. numpy's "overflow encountered" under extreme policy
+    # parameters) as log lines in this format, not raw stderr text.
+    logging.captureWarnings(True)
+    pyw = logging.getLogger("py.warnings")
+    pyw.handlers[:] = [handler]
+    pyw.filters[:] = [_OneLine()]
+    pyw.setLevel("WARNING")
+    pyw.propagate = False
+
+
+class _OneLine(logging.Filter):
+    """A warning (``file:line: Category: message`` and its source line) as one log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        record.msg, record.args = " -- ".join(x.strip() for x in text.splitlines()
+                                              if x.strip()), ()
+        return True
 
 
 def job_logger(logger: logging.Logger, job_id: str) -> logging.LoggerAdapter:

@@ -7,7 +7,9 @@ import io
 import logging
 import os
 import socket
+import warnings
 
+import numpy as np
 import pytest
 
 from malleable.daemon.logs import job_logger, set_cycle, setup_logging
@@ -51,6 +53,24 @@ def test_log_lines_carry_job_and_cycle_and_journald_priority():
     lines = buf.getvalue().splitlines()
     assert lines[0] == "<4>WARNING cycle=7 job=123_4 malleable.daemon.test: requeue refused"
     assert lines[1] == "<6>INFO cycle=7 job=- malleable.daemon.test: cycle done"
+
+
+def test_python_warnings_become_log_lines_in_the_daemons_format():
+    """numpy's RuntimeWarnings (e.g. under an extreme policy parameter) went to stderr
+    raw, outside the log format."""
+    buf = io.StringIO()
+    logging.captureWarnings(False)   # (an earlier setup_logging's capture, under pytest's)
+    setup_logging("INFO", stream=buf, journald=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            np.exp(np.array([1e308]))
+        lines = buf.getvalue().splitlines()
+        assert len(lines) == 1, lines             # the source line joined to it
+        assert lines[0].startswith("<4>WARNING cycle=") and " py.warnings: " in lines[0]
+        assert "RuntimeWarning: overflow encountered in exp -- np.exp(" in lines[0]
+    finally:
+        logging.captureWarnings(False)
 
 
 def _service_config(tmp_path, policy: str, poll_s: float):
