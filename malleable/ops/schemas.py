@@ -183,7 +183,8 @@ STATUS = _schema("malleable.status/1", "malleable status",
         "eta_s": _null("number", "estimated seconds to finish: wait_s (if any) + "
                                  "remaining_work / goodput_at_target"),
         "wait_s": _null("number", "a PENDING job's seconds to Slurm's expected start "
-                                  "(null: not pending, or Slurm gives none)"),
+                                  "(null: not pending, held, or no expected start: none, "
+                                  "or backfill's a-year-ahead placeholder)"),
         "remaining_basis": _null("string", "what remaining_work rests on: target (declared "
                                            "steps, samples or epochs), curve (learning curve "
                                            "to a target metric), history (finished jobs' "
@@ -283,7 +284,8 @@ JOB = _schema("malleable.job/1", "malleable job show",
         "eta_s": _null("number", "wait_s (if any) + remaining_work over the goodput at "
                                  "eta_gpus, seconds"),
         "wait_s": _null("number", "a PENDING job's seconds to Slurm's expected start "
-                                  "(null: not pending, or Slurm gives none)"),
+                                  "(null: not pending, held, or no expected start: none, "
+                                  "or backfill's a-year-ahead placeholder)"),
         "eta_gpus": _null("integer", "the GPU count of eta_s: the latest target, else the "
                                      "current count"),
     }, nullable=True),
