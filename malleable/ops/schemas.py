@@ -185,6 +185,11 @@ STATUS = _schema("malleable.status/1", "malleable status",
         "wait_s": _null("number", "a PENDING job's seconds to Slurm's expected start "
                                   "(null: not pending, held, or no expected start: none, "
                                   "or backfill's a-year-ahead placeholder)"),
+        "goodput_basis": _null("string", "what goodput_at_target rests on: fit (the job's "
+                                         "own throughput), finished_jobs (none measured "
+                                         "yet: the prior from finished jobs of its model) "
+                                         "or default (none measured, no such prior: the "
+                                         "cluster's default, a guess)"),
         "remaining_basis": _null("string", "what remaining_work rests on: target (declared "
                                            "steps, samples or epochs), curve (learning curve "
                                            "to a target metric), history (finished jobs' "

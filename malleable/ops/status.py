@@ -53,6 +53,7 @@ from malleable.ops.views import (
     RECENT_SAMPLES,
     estimate_bits,
     eta_with_wait,
+    goodput_basis,
     goodput_curve,
     queue_wait,
     recent_throughput,
@@ -172,6 +173,7 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
             "eta_s": finite(eta, 1),
             "wait_s": finite(wait, 1),
             "remaining_basis": remaining_basis(estimate_bits(est)),
+            "goodput_basis": goodput_basis(estimate_bits(est)),
             "estimate_time": iso(est.time) if est else None,
             "last_action": action_doc(a, j.slurm_job_id) if a is not None else None,
         })
@@ -280,7 +282,8 @@ def _state(j: dict) -> str:
 
 
 def _guessed(j: dict) -> bool:
-    return j["eta_s"] is not None and j.get("remaining_basis") in ("history", "default")
+    return j["eta_s"] is not None and (j.get("remaining_basis") in ("history", "default")
+                                       or j.get("goodput_basis") == "default")
 
 
 def _wait_unknown(j: dict) -> bool:
@@ -340,9 +343,13 @@ def render_status(doc: dict) -> str:
     if rows:
         lines.append(table(["JOBID", "NAME", "USER", "STATE", "GPUS NOW -> TARGET",
                             "SAMPLES/S", "ETA", "LAST ACTION"], rows, right=(5, 6)))
-        if any(_guessed(j) for j in doc["jobs"]):
+        if any(_guessed(j) and j.get("remaining_basis") in ("history", "default")
+               for j in doc["jobs"]):
             lines.append("~ no declared target: remaining work from finished jobs' sizes or "
                          "the default; it grows while the job runs")
+        if any(_guessed(j) and j.get("goodput_basis") == "default" for j in doc["jobs"]):
+            lines.append("~ no throughput measured yet and no finished job of its model: "
+                         "the cluster's default goodput, a guess")
         if any(_wait_unknown(j) for j in doc["jobs"]):
             lines.append("> pending, and Slurm gives no expected start: the run time alone, "
                          "its wait in the queue comes on top")

@@ -258,6 +258,18 @@ def remaining_basis(bits: int | None) -> str | None:
     return next((name for f, name in REMAINING_BASES.items() if int(bits) & f.value), None)
 
 
+def goodput_basis(bits: int | None) -> str | None:
+    """What an estimate's goodput rests on, by its flag bits: ``fit`` (the job's own
+    throughput), ``finished_jobs`` (no usable throughput yet: the prior from finished
+    jobs of its model) or ``default`` (no usable throughput and no such prior: the
+    cluster's default, a guess); None without an estimate or flags."""
+    if not bits:
+        return None
+    if not int(bits) & (EstimateFlags.NO_SAMPLES | EstimateFlags.FIT_FAILED):
+        return "fit"
+    return "finished_jobs" if int(bits) & EstimateFlags.PRIOR_SUPPLIED else "default"
+
+
 def flag_names(bits: int | None) -> list[str]:
     """The names of the `EstimateFlags` set in ``bits`` (lower case), in bit order."""
     if not bits:

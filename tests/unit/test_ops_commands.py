@@ -164,6 +164,16 @@ def test_status_marks_an_eta_without_a_declared_target(run):
     assert "~ no declared target: remaining work from finished jobs' sizes" in text
     bits = int(EstimateFlags.REMAINING_DEFAULT | EstimateFlags.SINGLE_BATCH)
     assert (remaining_basis(bits), remaining_basis(None)) == ("default", None)
+    # A goodput from the cluster's default prior (no throughput measured, no finished job
+    # of its model) is a guess too: its ETA is marked, with its own legend line.
+    j["remaining_basis"] = "target"
+    assert j["goodput_basis"] == "fit"
+    assert "~" not in render_status(doc)
+    j["goodput_basis"] = "default"
+    text = render_status(doc)
+    assert "~" + fmt_duration(j["eta_s"]) in text
+    assert "~ no throughput measured yet and no finished job of its model" in text
+    assert "no declared target" not in text
 
 
 def test_status_text_and_all(run):

@@ -25,6 +25,7 @@ from malleable.ops.views import (
     estimate_bits,
     eta_with_wait,
     flag_names,
+    goodput_basis,
     goodput_curve,
     infer_gpus_per_node,
     queue_wait,
@@ -115,6 +116,15 @@ def test_queue_wait_is_slurms_expected_start_of_a_pending_job():
     assert queue_wait("PENDING", T0 + timedelta(seconds=UNPLANNED_START_S - 1), T0) > 0
     assert eta_with_wait(100.0, 600.0) == 700.0 and eta_with_wait(100.0, None) == 100.0
     assert eta_with_wait(None, 600.0) is None
+
+
+def test_goodput_basis_from_the_flags():
+    F = EstimateFlags
+    assert goodput_basis(int(F.REMAINING_EXACT | F.SINGLE_BATCH)) == "fit"
+    assert goodput_basis(int(F.NO_SAMPLES | F.REMAINING_EXACT)) == "default"
+    assert goodput_basis(int(F.NO_SAMPLES | F.PRIOR_SUPPLIED)) == "finished_jobs"
+    assert goodput_basis(int(F.FIT_FAILED)) == "default"
+    assert goodput_basis(None) is None and goodput_basis(0) is None
 
 
 def test_remaining_time_and_flags():
