@@ -276,7 +276,8 @@ def set_(name: str, assignments: tuple[str, ...], config_path: str | None,
     config = effective_config(config_path, database_url)
     require_operator(config, "set the policy")
     params = parse_assignments(assignments)
-    validate_policy(name, params)
+    # Stored as the policy holds them (an integer given for a number is a float).
+    params = {k: v for k, v in validate_policy(name, params).items() if k in params}
     with open_store(config, write=True) as st:
         with st.sessions() as s, s.begin():
             before = policy_doc(s, config)

@@ -536,6 +536,9 @@ def test_policy_show_set_and_validation(run):
     one_line_error(run("policy", "set", "hesrpt", "p"), 2, "'p': expected key=value")
     # a refused set changed nothing
     assert js(run("policy", "show", "--json"))["params"] == {"p": 0.7, "p_from": "samples"}
+    # Stored as the policy holds them: an integer given for a number is a float.
+    got = js(run("policy", "set", "gittins", "level_ratio=3", "window=4", "--json"))["params"]
+    assert got == {"level_ratio": 3.0, "window": 4} and type(got["level_ratio"]) is float
 
 
 def test_policy_reset_returns_to_the_configuration(run):
