@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from malleable.config import ConfigError, check_database_url, load_config
 from malleable.db import schema
-from malleable.db.engine import describe_url, engine_from_config, sqlite_path
+from malleable.db.engine import describe_url, engine_from_config, missing_dirs, sqlite_path
 from malleable.db.errors import StoreError
 
 
@@ -69,7 +69,7 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
                     check_database_url("--database-url", database_url)
                 if create:
                     new_file = _missing_sqlite_file(database_url or config.database.url)
-                    new_dirs = _missing_dirs(new_file.parent) if new_file is not None else []
+                    new_dirs = missing_dirs(new_file.parent) if new_file is not None else []
                 engine = engine_from_config(config, url=database_url, create=create)
                 ctx.meta[_CONFIG_KEY] = config
                 fn(engine, **kw)
@@ -114,16 +114,6 @@ def _mode(path: Path) -> str:
         return f"{stat.S_IMODE(os.stat(path).st_mode):04o}"
     except OSError:
         return "?"
-
-
-def _missing_dirs(path: Path) -> list[Path]:
-    """The directories of ``path`` (itself included) that do not exist, outermost first."""
-    out: list[Path] = []
-    for d in [path, *path.parents]:
-        if d.exists():
-            break
-        out.append(d)
-    return out[::-1]
 
 
 def _remove_sqlite_file(path: Path) -> None:

@@ -134,14 +134,23 @@ def _is_unavailable(exc: BaseException) -> bool:
     return name.startswith("psycopg") and type(orig).__name__ == "OperationalError"
 
 
+def missing_dirs(path: Path) -> list[Path]:
+    """The directories of ``path`` (itself included) that do not exist, outermost first."""
+    out: list[Path] = []
+    for d in [path, *path.parents]:
+        if d.exists():
+            break
+        out.append(d)
+    return out[::-1]
+
+
 def _create_sqlite_file(path: Path) -> None:
     """Create the missing directories above the file, each 0700, and an empty database
     file (0600) if missing; through a symbolic link, the file it points to."""
     where = str(path)
     real = Path(os.path.realpath(path))
-    missing = [d for d in [real.parent, *real.parent.parents] if not d.exists()]
     try:
-        for d in reversed(missing):
+        for d in missing_dirs(real.parent):
             d.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
         raise DatabaseUnavailable(where, f"cannot create directory {exc.filename or d}: "
