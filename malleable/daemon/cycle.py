@@ -505,8 +505,7 @@ class Daemon:
     # ------------------------------------------------------------------ decide
 
     def _note_operator_settings(self, paused: bool, policy: tuple[str, dict] | None,
-                                start: bool = False,
-                                who: Callable[[str], dict | None] | None = None) -> None:
+                                start: bool = False, who: Callable | None = None) -> None:
         """Take the operator's pause and policy choice as this poll read them, and log
         a change (`malleable pause`, `resume`, `policy set`, `policy reset` write only
         the store; the daemon's log is where an admin reads when they took effect).
@@ -520,9 +519,9 @@ class Daemon:
             self.paused, self.operator_policy = paused, policy
             return
 
-        def by(key: str, *commands: str) -> str:
-            got = who(key) if who is not None else None
-            if got is None or got["command"] not in commands:
+        def by(key: str, command: str) -> str:
+            got = who(key, (command,)) if who is not None else None
+            if got is None:
                 return ""
             return f" (malleable {got['command']} by {got['by']} on {got['host']} at {got['time']})"
 

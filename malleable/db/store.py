@@ -1023,12 +1023,16 @@ def record_operator_change(session: Session, key: str, command: str, by: str, ho
                 now)
 
 
-def operator_change(session: Session, key: str) -> dict[str, str] | None:
-    """The document `record_operator_change` stored under ``key``, or None (none stored, or
-    not one it writes: a store older than this record)."""
+def operator_change(session: Session, key: str,
+                    commands: Collection[str] | None = None) -> dict[str, str] | None:
+    """The document `record_operator_change` stored under ``key``, or None: none stored,
+    not one it writes (a store older than this record), or, with ``commands``, a record
+    of another command (e.g. the ``resume`` after the ``pause`` asked about)."""
     got = get_setting(session, key)
     if not isinstance(got, Mapping) or not all(isinstance(got.get(f), str)
                                                for f in ("command", "by", "host", "time")):
+        return None
+    if commands is not None and got["command"] not in commands:
         return None
     # Printable only: the values go into log lines and the status view.
     return {f: "".join(c if c.isprintable() else "?" for c in got[f])

@@ -160,8 +160,8 @@ def show_doc(s, config, where: str) -> dict:
     if p["source"] == "operator":
         row = s.get(Setting, store.POLICY_NAME_KEY)
         updated = iso(row.updated_at) if row is not None else None
-        who = store.operator_change(s, store.POLICY_BY_KEY)
-        if who is not None and who["command"] == "policy set":
+        who = store.operator_change(s, store.POLICY_BY_KEY, ("policy set",))
+        if who is not None:
             set_by = f"{who['by']} on {who['host']}"
     try:
         effective = validate_policy(p["name"], p["params"])

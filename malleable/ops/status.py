@@ -182,8 +182,8 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
 
 def _paused_by(s: Session) -> str | None:
     """Who ran `malleable pause` (user, uid, host, time), if the store recorded it."""
-    who = store.operator_change(s, store.PAUSED_BY_KEY)
-    if who is None or who["command"] != "pause":
+    who = store.operator_change(s, store.PAUSED_BY_KEY, ("pause",))
+    if who is None:
         return None
     return f"{who['by']} on {who['host']} at {who['time']}"
 
