@@ -344,7 +344,8 @@ def _as_declared(value: Any, tp: Any) -> Any:
     integer given for a number is a float, a list a tuple.
 
     Raises:
-        ValueError: an integer outside 64 bits (TOML's integers), or too large for a float.
+        ValueError: an integer outside 64 bits (TOML's integers; every one inside is a
+            finite float).
     """
     if isinstance(value, int) and not isinstance(value, bool):
         if not -_INT64 <= value < _INT64:
@@ -431,9 +432,8 @@ class Policy(abc.ABC):
                                  f"{_type_words(hints[key])}")
             try:
                 params[key] = _as_declared(value, hints[key])
-            except (OverflowError, ValueError) as exc:
-                raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: "
-                                 f"{'out of range' if isinstance(exc, OverflowError) else exc}"
+            except ValueError as exc:
+                raise ValueError(f"policy {self.name}: parameter {key} = {value!r}: {exc}"
                                  ) from None
             held = params[key]
             if any(isinstance(v, float) and not math.isfinite(v)
