@@ -665,15 +665,15 @@ def replaced_runs(specs: Sequence[RunSpec]) -> list[str]:
             continue
         rid = spec.run_id
         try:
-            old = run_settings(check_summary(_read_json(path), path))
+            summary = check_summary(_read_json(path), path)
         except RunFolderError as exc:
             found.setdefault(f"whose {SUMMARY} is unusable ({exc.problem})", []).append(rid)
             continue
         meta = spec.metadata()
-        new = run_settings(meta)
+        old, new = run_settings(summary), run_settings(meta)
         diff = [f"{k}={old.get(k, _UNRECORDED)} (now {v})" for k, v in sorted(new.items())
                 if old.get(k, _UNRECORDED) != v]
-        old_sha = _read_json(path).get("workload_sha256")
+        old_sha = summary.get("workload_sha256")
         if isinstance(old_sha, str) and meta["workload_sha256"] not in (None, old_sha):
             diff.append("another trace file of the same name")
         if diff:
