@@ -281,9 +281,18 @@ def _state(j: dict) -> str:
     return j["state"] + (f" ({', '.join(why)})" if why else "")
 
 
+def _work_guessed(j: dict) -> bool:
+    """An ETA whose remaining work is a guess (no declared target)."""
+    return j["eta_s"] is not None and j.get("remaining_basis") in ("history", "default")
+
+
+def _goodput_guessed(j: dict) -> bool:
+    """An ETA whose goodput is the cluster's default prior."""
+    return j["eta_s"] is not None and j.get("goodput_basis") == "default"
+
+
 def _guessed(j: dict) -> bool:
-    return j["eta_s"] is not None and (j.get("remaining_basis") in ("history", "default")
-                                       or j.get("goodput_basis") == "default")
+    return _work_guessed(j) or _goodput_guessed(j)
 
 
 def _wait_unknown(j: dict) -> bool:
@@ -291,7 +300,7 @@ def _wait_unknown(j: dict) -> bool:
 
 
 def _eta(j: dict) -> str:
-    """ETA, marked ``~`` when the remaining work is a guess (no declared target) and
+    """ETA, marked ``~`` when it is a guess (`_work_guessed`, `_goodput_guessed`) and
     ``>`` for a pending job Slurm gives no expected start (its wait is not in it)."""
     return (("~" if _guessed(j) else "") + (">" if _wait_unknown(j) else "")
             + fmt_duration(j["eta_s"]))
@@ -343,11 +352,10 @@ def render_status(doc: dict) -> str:
     if rows:
         lines.append(table(["JOBID", "NAME", "USER", "STATE", "GPUS NOW -> TARGET",
                             "SAMPLES/S", "ETA", "LAST ACTION"], rows, right=(5, 6)))
-        if any(_guessed(j) and j.get("remaining_basis") in ("history", "default")
-               for j in doc["jobs"]):
+        if any(_work_guessed(j) for j in doc["jobs"]):
             lines.append("~ no declared target: remaining work from finished jobs' sizes or "
                          "the default; it grows while the job runs")
-        if any(_guessed(j) and j.get("goodput_basis") == "default" for j in doc["jobs"]):
+        if any(_goodput_guessed(j) for j in doc["jobs"]):
             lines.append("~ no throughput measured yet and no finished job of its model: "
                          "the cluster's default goodput, a guess")
         if any(_wait_unknown(j) for j in doc["jobs"]):
