@@ -472,8 +472,12 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     for name, times in _repeated_options(ctx.command, ctx.meta.get("submit.words", [])):
         click.echo(f"malleable submit: warning: {name} given {times} times: the last one "
                    f"applies", err=True)
-    script, passthrough = args[-1], list(args[:-1])
-    if any(w == "--wrap" or w.startswith("--wrap=") for w in args):
+    script = args[-1]
+    try:   # sbatch's abbreviations spelled out before any check reads an option
+        passthrough = full_option_names(list(args[:-1]))
+    except SubmitError as exc:
+        _fail(str(exc), 2)
+    if any(w == "--wrap" or w.startswith("--wrap=") for w in [*passthrough, script]):
         _fail("--wrap: malleable submit needs a batch script file as its last argument "
               "(write the command into a script)", 2)
     if script.startswith("-"):
@@ -485,10 +489,6 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
             _fail(f"{script}: no such file; the batch script ({earlier}?) must be the last "
                   f"argument: script arguments are not supported (pass them through the "
                   f"environment)", 2)
-    try:
-        passthrough = full_option_names(passthrough)
-    except SubmitError as exc:
-        _fail(str(exc), 2)
     bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w)), None)
     if bad:
         _fail(f"{bad}: malleable submit sets the GPU request from the spec "

@@ -230,6 +230,7 @@ def test_an_option_given_twice_is_warned_and_the_last_applies(tmp_path):
     ("--no-req", "--no-requeue: a malleable job must be requeueable"),
     ("--open-mo=truncate", "--open-mode=truncate: each requeue would truncate"),
     ("--tres-per-n=gres/gpu:2", "--tres-per-node=gres/gpu:2: malleable submit sets the GPU"),
+    ("--wra=hostname", "--wrap: malleable submit needs a batch script file"),
 ])
 def test_abbreviated_sbatch_options_are_read_as_sbatch_reads_them(tmp_path, word, message):
     """sbatch takes an unambiguous prefix of a long option: --gpus-per-nod=4 passed the
