@@ -80,9 +80,10 @@ class LazyGroup(click.Group):
         except click.ClickException as exc:
             exc.show()
             sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
+        except click.exceptions.Abort as exc:
             click.echo("Aborted!", err=True)
-            sys.exit(1)
+            # Ctrl-C exits as a shell reports SIGINT (128 + 2); an end of input at a prompt, 1
+            sys.exit(130 if isinstance(exc.__cause__, KeyboardInterrupt) else 1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 

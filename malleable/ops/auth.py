@@ -38,10 +38,14 @@ def _group_names(gids: list[int]) -> list[str]:
 
 
 def caller() -> str:
-    """This process's user for messages: "alice (uid 1000, groups: alice, users)"."""
+    """This process's user for messages: "alice (uid 1000, groups: alice, users)", and as
+    root under sudo also who ran sudo: "root (uid 0, sudo by bob, groups: root)"."""
     uid = os.geteuid()
+    name = _user_name(uid)
     gids = sorted(set([os.getegid(), *os.getgroups()]))
-    return f"{_user_name(uid)} (uid {uid}, groups: {', '.join(_group_names(gids))})"
+    sudo = _sudo_user(uid, name)
+    return (f"{name} (uid {uid}" + (f", sudo by {sudo}" if sudo else "")
+            + f", groups: {', '.join(_group_names(gids))})")
 
 
 _USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?$")
@@ -54,11 +58,17 @@ def actor() -> str:
     another user could write any name there (or a line break, to forge log lines)."""
     uid = os.geteuid()
     name = _user_name(uid)
-    sudo = os.environ.get("SUDO_USER", "")
-    if not (uid == 0 and os.environ.get("SUDO_UID", "").isdigit() and _USER_NAME.match(sudo)
-            and sudo != name):
-        sudo = ""
+    sudo = _sudo_user(uid, name)
     return f"{name} (uid {uid}" + (f", sudo by {sudo}" if sudo else "") + ")"
+
+
+def _sudo_user(uid: int, name: str) -> str:
+    """Who ran sudo, from ``$SUDO_USER``, or "" (not root, not under sudo, or not trusted)."""
+    sudo = os.environ.get("SUDO_USER", "")
+    if uid == 0 and os.environ.get("SUDO_UID", "").isdigit() and _USER_NAME.match(sudo) \
+            and sudo != name:
+        return sudo
+    return ""
 
 
 def is_operator(config: Config) -> bool:

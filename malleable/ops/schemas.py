@@ -362,7 +362,7 @@ PAUSE = _schema("malleable.pause/1", "malleable pause / resume",
     "paused": _t("boolean", "paused now"),
     "changed": _t("boolean", "the command changed it (false: it already was)"),
     "time": _time("when", nullable=False),
-    "by": _t("string", "who ran it: user, uid and groups"),
+    "by": _t("string", "who ran it: user, uid, the sudo user (root under sudo) and groups"),
     "uid": _t("integer", "effective uid"),
     "database": _t("string", "the database changed"),
     "daemon_health": _t("string", "the daemon's health now (healthy, stale, absent): "

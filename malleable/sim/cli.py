@@ -279,7 +279,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         # Ctrl-C inside the state store's commit can surface as the store's error on the
         # way out ("This transaction is closed"): still an interruption, not a failure.
         if _interrupted(exc):
-            raise click.Abort() from None
+            raise click.Abort() from KeyboardInterrupt()
         if not isinstance(exc, ValueError | OSError):
             raise
         click.echo(f"malleable simulate: error: a run failed: {exc}", err=True)

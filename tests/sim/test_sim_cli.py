@@ -180,8 +180,30 @@ def test_ctrl_c_surfacing_as_a_store_error_is_an_abort_not_a_traceback(tmp_path,
 
     monkeypatch.setattr(sweep, "run_sweep", interrupted)
     res = simulate("--workload", str(workload), "--policy", "las", "--out", str(tmp_path / "o"))
-    assert res.exit_code == 1 and "Aborted!" in res.output
+    assert res.exit_code == 130 and "Aborted!" in res.output     # as a shell reports SIGINT
     assert not isinstance(res.exception, ResourceClosedError)
+
+
+def test_ctrl_c_exits_130_and_end_of_input_at_a_prompt_exits_1(monkeypatch):
+    """Ctrl-C exits as a shell reports SIGINT (128 + 2); click's other abort, an end of
+    input at a prompt, keeps exit code 1."""
+    import click
+
+    from malleable import cli
+
+    @click.command()
+    def interrupted():
+        raise KeyboardInterrupt
+
+    @click.command()
+    def prompted():
+        click.prompt("name")
+
+    for command, code in ((interrupted, 130), (prompted, 1)):
+        monkeypatch.setitem(cli.COMMANDS, "probe", "x:y")
+        monkeypatch.setattr(cli.LazyGroup, "get_command", lambda self, ctx, name, c=command: c)
+        res = CliRunner().invoke(cli.main, ["probe"], input="")
+        assert res.exit_code == code and "Aborted!" in res.output, (code, res.output)
 
 
 def test_help_lists_every_policy_and_format():

@@ -427,7 +427,7 @@ def test_who_paused_and_who_set_the_policy_are_recorded(run, monkeypatch):
     host = socket.gethostname()
     monkeypatch.setenv("SUDO_USER", "bob")
     monkeypatch.setenv("SUDO_UID", "1001")
-    js(run("pause", "--json"))
+    assert js(run("pause", "--json"))["by"].startswith("root (uid 0, sudo by bob, groups: ")
     doc = js(run("status", "--json"))
     assert doc["paused_by"].startswith(f"root (uid 0, sudo by bob) on {host} at 20")
     assert f"PAUSED by root (uid 0, sudo by bob) on {host} at " in run("status").stdout
