@@ -24,11 +24,19 @@ after it in priority order may start or grow, so the capacity it waits for
 is not taken by others; it gets GPUs as soon as the cool-downs that block
 it expire. The result is feasible and packed like any policy's.
 
+A start or grow that does not fit where the jobs placed before it left room
+is tried again with every job packed anew (best-fit decreasing,
+`Packer.repack`): the placement is notional (Slurm places the jobs), and
+placing in priority order can fragment the nodes so that a proposal that
+packs seems not to. Likewise a shrink is undone only if its old size still
+packs.
+
 Work conservation (`Hysteresis.decide`): if the refused changes leave GPUs idle
 while jobs wait (e.g. `fifo` offered every GPU to its first job, whose grow did
-not pay), the policy decides once more with the refused jobs pinned at their
-current size, and that allocation is used if it runs more GPUs; so a refusal
-does not idle GPUs that the policy would give to a waiting job.
+not pay, or fitted only in part), the policy decides once more with those
+running jobs pinned at the size they got, and that allocation is used if it
+runs more GPUs; so a refusal does not idle GPUs that the policy would give to
+a waiting job.
 
 Source: the switching-cost threshold is the "re-allocation" guard of
 elastic schedulers (Pollux, OSDI'21, section 4.2 penalises re-allocation in
@@ -91,12 +99,14 @@ class Hysteresis(Policy):
         # Work conservation: when the changes refused above leave GPUs idle while jobs
         # wait, the policy decides again with the refused jobs pinned at their size
         # (it is the judge of who gets the GPUs they did not take).
-        refused = (jobs.current > 0) & (out.gpus == jobs.current) & (prop.gpus != jobs.current)
+        # (a running job that did not get its proposed size, kept or partly grown, is
+        # pinned at the size it got)
+        refused = (jobs.current > 0) & (out.gpus > 0) & (out.gpus != prop.gpus)
         waiting = (jobs.current == 0) & (out.gpus == 0)
         if not (refused.any() and waiting.any() and int(out.gpus.sum()) < capacity.total):
             return out
-        pinned = replace(jobs, min_gpus=np.where(refused, jobs.current, jobs.min_gpus),
-                         max_gpus=np.where(refused, jobs.current, jobs.max_gpus))
+        pinned = replace(jobs, min_gpus=np.where(refused, out.gpus, jobs.min_gpus),
+                         max_gpus=np.where(refused, out.gpus, jobs.max_gpus))
         again = filter_changes(jobs, capacity, self.inner.allocate(pinned, capacity, ctx),
                                self.params.min_gain, self.params.cooldown_s)
         if int(again.gpus.sum()) <= int(out.gpus.sum()):
@@ -192,11 +202,17 @@ def filter_changes(jobs: JobSet, capacity: Capacity, prop: Allocation, min_gain:
     benef = (~running & (P > 0)) | accepted_grow | (change & ~cur_ok)
     benef[unheld] = True
     blocked_by = None
+    repack = _Repacker(packer)
     for j in sorted(np.flatnonzero(benef), key=lambda j: (rank[j], j)):
         j = int(j)
         if blocked_by is not None:
             reason[j] = (f"waits: capacity held for starving job {jobs.ids[blocked_by]}"
                          + (f"; kept at {final[j]}" if final[j] else ""))
+            continue
+        # The proposed size, packing the others anew if placing in priority order
+        # fragmented the nodes (placement is notional: Slurm places the jobs).
+        if P[j] > final[j] and repack.resize(j, int(P[j])):
+            final[j] = P[j]
             continue
         old = packer.remove(j)
         c = grid.prev[j][min(int(pcol[j]), grid.cap_col(packer.cap()))]
@@ -208,18 +224,46 @@ def filter_changes(jobs: JobSet, capacity: Capacity, prop: Allocation, min_gain:
                 k = final[j]
         if k > final[j] and packer.place(j, k):
             final[j] = k
-            if k != P[j]:
-                reason[j] = f"{k} of proposed {P[j]} GPUs fit; " + prop.reason[j]
+            reason[j] = f"{k} of proposed {P[j]} GPUs fit; " + prop.reason[j]
         else:
             packer.restore(j, old)
+            reason[j] = (f"kept at {final[j]}" if final[j] else "waits") + \
+                f": proposed {P[j]} GPUs do not fit; " + prop.reason[j]
         if urgent[j] and final[j] == 0:
             blocked_by = j
             reason[j] = "starving, waits for GPUs held in cool-down; " + prop.reason[j]
     # 4. Shrinks whose GPUs nobody took are undone.
     for j in sorted(np.flatnonzero(shrink), key=lambda j: (rank[j], j)):
         j = int(j)
-        if final[j] != C[j] and packer.resize(j, int(C[j])):
+        if final[j] != C[j] and repack.resize(j, int(C[j])):
             final[j] = C[j]
             reason[j] = f"kept at {C[j]}: the GPUs a shrink to {P[j]} frees are not needed"
     return Allocation(gpus=final, batch=batch_at(jobs, final), reason=tuple(reason),
                       objective=prop.objective, priority=prop.priority, urgent=prop.urgent)
+
+
+class _Repacker:
+    """`Packer.resize`, falling back to packing every job anew (`Packer.repack`).
+
+    A repack costs a pass over the placed jobs, so it is tried only when the free
+    GPUs could hold the new size, and not again for a size at least as large with
+    no more GPUs free than a repack already found too few for.
+    """
+
+    def __init__(self, packer: Packer) -> None:
+        self.packer = packer
+        self.failed: tuple[int, int] | None = None   # (size, GPUs free then)
+
+    def resize(self, j: int, k: int) -> bool:
+        """Job j on k GPUs if it fits, moving others if need be; else no change."""
+        p = self.packer
+        if p.resize(j, k):
+            return True
+        free = p.total_free + p.size(j)
+        if k > free or (self.failed is not None and k >= self.failed[0]
+                        and free <= self.failed[1]):
+            return False
+        if p.repack(resize=(j, k)):
+            return True
+        self.failed = (k, free)
+        return False

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from malleable.config import PolicyConfig
-from malleable.policies.base import Capacity, Context, JobSet, Policy
+from malleable.policies.base import Allocation, Capacity, Context, JobSet, Policy
 from malleable.policies.feasibility import finish
 from malleable.policies.hysteresis import Hysteresis, with_hysteresis
 from malleable.policies.registry import get_policy
@@ -135,3 +135,74 @@ def test_gpus_a_refused_grow_leaves_go_to_waiting_jobs():
     out = with_hysteresis(get_policy("fifo"), PolicyConfig(min_gain=0.05,
                                                           cooldown_s=0)).allocate(jobs, cap)
     assert out.gpus.tolist() == [16, 0]
+
+
+def test_a_grow_that_fits_only_after_repacking_is_made_and_its_shrink_kept():
+    """Placing in priority order put the shrunk job and the growing job's current GPU
+    on one node, so no node was left whole for the grow to 4: the grow was dropped
+    (its reason still promised 4 GPUs), the shrink could not be undone, and 3 of 8
+    GPUs idled. Placement is notional, so the jobs are packed anew and the proposal
+    [2, 2, 4] (which packs: 2+2 on one node, 4 on the other) stands."""
+    cap = Capacity.uniform(2, 4)
+    jobs = make_jobset(cap, power_law, np.full(3, 0.9), np.ones(3), np.full(3, 1e6),
+                       min_gpus=[2, 1, 1], max_gpus=[8, 2, 4], step=[2, 1, 4],
+                       current=np.array([4, 0, 1]),
+                       since_change=np.array([2887.0, np.inf, np.inf]))
+    out = Hysteresis(get_policy("equi")).allocate(jobs, cap, Context())
+    assert out.gpus.tolist() == [2, 2, 4]
+
+
+def test_a_grow_that_fits_after_repacking_leaves_no_gpu_idle():
+    """fifo grows job 3 from 1 to 12 GPUs and preempts job 10 for it. Placed in priority
+    order the grow fitted only to 8 and the preemption stood, idling 4 of 20 GPUs; the
+    whole proposal packs (12 on three nodes, 4 on one, 1+2+1 on one)."""
+    cap = Capacity.uniform(5, 4)
+    J = 11
+    jobs = make_jobset(cap, power_law, np.full(J, 0.9), np.ones(J), np.full(J, 1e6),
+                       min_gpus=[1, 1, 1, 1, 1, 2, 1, 1, 4, 4, 2],
+                       max_gpus=[2, 2, 4, 16, 2, 64, 1, 2, 4, 8, 8],
+                       step=[4, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1],
+                       current=np.array([0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 4]),
+                       since_change=np.array([608.0, 125, 2126, 1433, 830, 2407, 1885,
+                                              np.inf, 3321, 3095, 637]))
+    prop = get_policy("fifo").allocate(jobs, cap, Context())
+    out = Hysteresis(get_policy("fifo")).allocate(jobs, cap, Context())
+    assert out.gpus.tolist() == prop.gpus.tolist()
+    assert int(out.gpus.sum()) == cap.total
+
+
+def test_a_grow_that_does_not_fit_says_so():
+    """A running job whose proposed grow finds no room keeps its size, and its reason
+    says the proposal did not fit instead of repeating the policy's promise."""
+    cap = Capacity.uniform(1, 4)
+    jobs = make_jobset(cap, power_law, np.full(2, 0.9), np.ones(2), np.full(2, 1e6),
+                       min_gpus=[1, 2], max_gpus=[4, 2], current=np.array([2, 2]),
+                       since_change=np.array([np.inf, 10.0]))
+    # job 1 is preempted for the grow, but its cool-down keeps it
+    prop = Allocation(gpus=np.array([4, 0]), batch=np.zeros(2, np.int64),
+                      reason=("grow to 4", "preempt"), objective=0.0)
+
+    class Fixed(Policy):
+        name = "fixed"
+
+        def decide(self, jobs, capacity, ctx):
+            return prop
+
+    out = Hysteresis(Fixed(), cooldown_s=300.0).allocate(jobs, cap, Context())
+    assert out.gpus.tolist() == [2, 2]
+    assert out.reason[0].startswith("kept at 2: proposed 4 GPUs do not fit; grow to 4")
+
+
+def test_gpus_a_partial_grow_leaves_go_to_waiting_jobs():
+    """fifo offers job 0 every GPU; job 2's cool-down keeps 2 of them, so job 0 grows to
+    the 4 that fit. The 2 GPUs left went unused while job 1 waited: the work-conserving
+    second decision ran only for jobs kept at their size, not for partial grows."""
+    cap = Capacity.uniform(2, 4)
+    jobs = make_jobset(cap, power_law, np.full(3, 0.9), np.ones(3), np.full(3, 1e6),
+                       min_gpus=[1, 1, 1], max_gpus=[8, 8, 8],
+                       current=np.array([1, 0, 2]),
+                       since_change=np.array([np.inf, np.inf, 10.0]))
+    prop = get_policy("fifo").allocate(jobs, cap, Context())
+    assert prop.gpus.tolist() == [8, 0, 0]
+    out = Hysteresis(get_policy("fifo")).allocate(jobs, cap, Context())
+    assert out.gpus.tolist() == [4, 2, 2]
