@@ -74,6 +74,7 @@ from malleable.daemon.reconcile import (
 from malleable.daemon.shapes import Shape
 from malleable.db import store
 from malleable.db.models import VANISHED, Job, JobEvent
+from malleable.estimators import EstimateFlags
 from malleable.policies.base import Allocation
 from malleable.policies.hysteresis import with_hysteresis
 from malleable.policies.registry import get_policy
@@ -705,9 +706,15 @@ class Daemon:
                                            " [paused]" if paused else "")
         if self.dry_run or paused or not planned:
             return
+        # A batch size is advice only where the job's gradient statistics are known:
+        # without them the estimators keep the batch the spec declares (m0), which
+        # says nothing about the batch the job runs at.
+        flags = np.asarray(inputs.estimates.flags)
+        no_advice = {j.slurm_job_id for i, j in enumerate(jobs)
+                     if int(flags[i]) & int(EstimateFlags.NO_GRADIENT_STATS)}
         for p in planned:
             if p.kind in (ActionKind.REQUEUE, ActionKind.ADMIT) and p.to_shape is not None:
-                self._write_plan(p, now)
+                self._write_plan(p, now, advise_batch=p.job_id not in no_advice)
         self.actuator.create(planned, now, decision_id=report.decision_id,
                              observed=self.observed, session=session)
 
@@ -755,10 +762,11 @@ class Daemon:
         job = s.get(Job, job_db_id)
         return job.slurm_job_id if job is not None else "-"
 
-    def _write_plan(self, p: PlannedAction, now: datetime) -> None:
+    def _write_plan(self, p: PlannedAction, now: datetime, advise_batch: bool = True) -> None:
         try:
             write_plan(self.spool_dir, Plan(job=p.job_id, t=now.timestamp(), gpus=p.to_gpus,
-                                            nodes=p.to_shape.nodes, batch=p.batch or None))
+                                            nodes=p.to_shape.nodes,
+                                            batch=(p.batch or None) if advise_batch else None))
         except (OSError, ValueError) as exc:
             job_logger(log, p.job_id).warning("plan file not written: %s", exc)
 

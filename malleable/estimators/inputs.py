@@ -108,16 +108,20 @@ class JobSpecs:
         return (~np.isfinite(m0) | (m0 <= 0) | (self.min_gpus < 1)
                 | (self.max_gpus < self.min_gpus) | (self.step < 1))
 
-    def declared_work(self) -> np.ndarray:
+    def declared_work(self, steps: bool = True) -> np.ndarray:
         """(J,) total work declared, samples at m0; NaN where none.
 
         The first declared of: target_samples; target_epochs * samples_per_epoch;
-        target_steps * m0. Non-positive or non-finite values count as undeclared.
+        target_steps * m0 (only if ``steps``). Non-positive or non-finite values
+        count as undeclared. (A step target is the job's own steps: once it has
+        logged, the estimators count what is left from its last step and batch.)
         """
         def pos(a):
             return np.where(np.isfinite(a) & (a > 0), a, np.nan)
         out = pos(self.target_samples)
         out = np.where(np.isnan(out), pos(self.target_epochs) * pos(self.samples_per_epoch), out)
+        if not steps:
+            return out
         return np.where(np.isnan(out), pos(self.target_steps) * pos(self.init_batch), out)
 
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from malleable.estimators.efficiency import optimal_batch
+from malleable.estimators.efficiency import efficiency, optimal_batch
 from malleable.estimators.inputs import JobSpecs, ProgressBatch, WorkHistory
 from malleable.estimators.learning_curve import CurvePrediction, CurveStats, predict_target
 from malleable.estimators.params import (
@@ -306,6 +306,15 @@ def _remaining(state: EstimatorState, specs: JobSpecs, progress: np.ndarray,
     declared = specs.declared_work()
     exact = np.isfinite(declared)
     W[exact] = np.maximum(declared[exact] - progress[exact], 0.0)
+    # A target in steps counts the job's own steps, whatever batch it logs them at:
+    # W = (target_steps - last step) * m * E(m) at its last batch m. (Converting the
+    # target at the spec's batch ended a job logging a larger batch early.)
+    steps = exact & ~np.isfinite(specs.declared_work(steps=False)) \
+        & np.isfinite(state.last[:, 1]) & np.isfinite(state.last[:, 5]) & (state.last[:, 5] > 0)
+    if steps.any():
+        m = state.last[steps, 5]
+        left = np.maximum(specs.target_steps[steps] - state.last[steps, 1], 0.0)
+        W[steps] = left * m * efficiency(m, specs.init_batch[steps], state.noise_scale()[steps])
     Wsd[exact] = 0.0
     flags[exact] |= int(F.REMAINING_EXACT)
 

@@ -538,6 +538,7 @@ means unknown or not applicable.
 | 0 | done |
 | 1 | the operation failed or was refused: not root and not in the operator group (`pause`, `resume`, `policy set`), Slurm did not answer (`plan`), the daemon is not healthy (`status --check`) |
 | 2 | bad input: a usage error, a bad value (unknown policy or parameter, bad `--since`), a job the store does not know, or an unusable configuration or database (missing, unreadable, wrong schema) |
+| 130 | interrupted with Ctrl-C (`Aborted!` on stderr), as a shell reports SIGINT |
 """
 
 

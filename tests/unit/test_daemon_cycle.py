@@ -11,10 +11,12 @@ a record 22.05 would not let us corrupt on cue).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy import select
 
 from malleable.config import parse_config
@@ -521,3 +523,37 @@ def test_the_inputs_cache_gives_what_reading_the_events_gives(tmp_path):
     np.testing.assert_array_equal(cached.since_change, read.since_change)
     np.testing.assert_array_equal(cached.requested, read.requested)
     assert read.requested.tolist() == [2] and np.isfinite(read.since_change).all()
+
+
+class _NoGradients:
+    """A model profile whose job logs no gradient statistics (grad_sqr, grad_var)."""
+
+    def __init__(self, profile) -> None:
+        self._profile = profile
+
+    def __getattr__(self, name):
+        return getattr(self._profile, name)
+
+    def grad_stats(self, progress, batch):
+        return None, None
+
+
+@pytest.mark.parametrize("gradients", [True, False])
+def test_the_plan_advises_a_batch_size_only_from_gradient_statistics(tmp_path, gradients):
+    """The plan file written for a requeue carries the estimators' batch size only when
+    the job logs gradient statistics; without them that batch is the spec's m0, no
+    advice about the batch the job runs at, so the plan says null (keep yours)."""
+    c = Cluster(tmp_path)
+    c.submit(1, 4, RigidJob(1e6))                     # node1
+    profile = load_profile("cifar10")
+    p = c.submit(1, 2, ProfileJob(profile if gradients else _NoGradients(profile),
+                                  spool_dir=c.spool, batch=512), SPEC)
+    c.advance(60)
+    r = c.daemon.decide_cycle()                       # equi: P grows to 4 (requeue)
+    assert [(x.job_id, x.kind.value, x.to_gpus) for x in r.planned] == [(p, "requeue", 4)]
+    plan = json.loads((c.spool / f"{p}.plan.json").read_text())
+    assert plan["gpus"] == 4
+    if gradients:
+        assert isinstance(plan["batch"], int) and plan["batch"] >= 512
+    else:
+        assert plan["batch"] is None

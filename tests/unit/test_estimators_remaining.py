@@ -44,6 +44,20 @@ def test_declared_targets_give_exact_remaining_work():
     assert est.remaining_work[2] == pytest.approx(2000.0)   # 1000 steps x 32 - 30,000 done
 
 
+def test_a_step_target_counts_the_jobs_own_steps_at_the_batch_it_logs():
+    """target_steps=2000 with a spec batch of 64, and a job that logs batch 256: at
+    step 500 a quarter of its steps are done (the target converted at the spec's
+    batch, 128,000 samples, said none were left). Without gradient statistics E = 1,
+    so what is left is 1,500 steps of 256 samples."""
+    spec = specs_for(1, 64.0, target_steps=np.array([2000.0]))
+    part = job_samples(0, [(1, 1, 256, 5)], rate=lambda k, n, m: 256.0 / 60 * 100)
+    st = update(EstimatorState.empty(1), batch_of(part), spec)
+    assert st.last[0, 1] == pytest.approx(500.0)          # 100 steps a minute, 5 minutes
+    est = estimate(st, spec)
+    assert est.remaining_work[0] == pytest.approx(1500 * 256.0)
+    assert est.flags[0] & F.REMAINING_EXACT
+
+
 def test_history_gives_the_conditional_expectation_of_what_is_left():
     hist = WorkHistory(np.array([10.0, 20.0, 30.0, 40.0, 100.0, 200.0]),
                        np.array([1, 1, 1, 1, 2, 2]))
