@@ -420,6 +420,19 @@ def find_spec(text: str) -> tuple[int, int] | None:
     return start, end
 
 
+def _refuse_split_spec(text: str, start: int, end: int) -> None:
+    """Raise `SpecError` if a field of ours follows the spec ``text[start:end]`` after a
+    blank ("gpus=1-8 step=4"): the spec ends at the blank, so the field would be
+    dropped without a word. Other text after the spec is the comment's own."""
+    lost = _FIELD.match(text, end)
+    if lost and text[end:lost.start(1)].strip() == "" and \
+            _ALIASES.get(lost.group(1).lower(), lost.group(1).lower()) in KNOWN_KEYS:
+        raise SpecError(f"malleable spec: {lost.group(1)}={lost.group(2)}: after a blank, "
+                        f"outside the spec (separate its fields by commas, e.g. "
+                        f"{text[start:end]},{lost.group(1)}={lost.group(2)})",
+                        field=lost.group(1).lower(), value=lost.group(2))
+
+
 def spec_fields(text: str) -> list[tuple[str, str]]:
     """The raw ``(key, value)`` pairs of the spec in ``text``, keys lower-cased and
     aliases mapped to the short keys; values unparsed. ``[]`` when there is no spec.
@@ -428,11 +441,13 @@ def spec_fields(text: str) -> list[tuple[str, str]]:
     options on the script's spec) before one `parse_spec` validates the result.
 
     Raises:
-        SpecError: ``malleable:`` appears more than once.
+        SpecError: ``malleable:`` appears more than once, or a field of ours follows
+            the spec after a blank.
     """
     span = find_spec(text or "")
     if span is None:
         return []
+    _refuse_split_spec(text, *span)
     body = text[span[0] + len(PREFIX):span[1]]
     return [(_ALIASES.get(m.group(1).lower(), m.group(1).lower()), m.group(2))
             for m in _FIELD.finditer(body)]
@@ -464,6 +479,7 @@ def parse_spec(text: str | None) -> MalleableSpec | None:
         after = text[end:end + 20]
         raise SpecError(f"malleable spec: no key=value fields after 'malleable:' "
                         f"(found {after!r})", value=after)
+    _refuse_split_spec(text, start, end)
     values: dict[str, object] = {}
     seen: set[str] = set()
     for m in _FIELD.finditer(body):

@@ -211,6 +211,38 @@ def contract_conflict(words: list[str]) -> str | None:
     return None
 
 
+# GPU requests a script may not make: sbatch keeps them beside the command line's
+# --gres (a different option), where the command line's --nodes and --gres replace
+# the script's own.
+_SCRIPT_SIZE_OPTIONS = re.compile(r"^(-G|--gpus|--gpus-per-node|--gpus-per-task|"
+                                  r"--gpus-per-socket|--tres-per-node)(=.*)?$|^-G.+$")
+
+
+def script_conflict(words: list[str]) -> str | None:
+    """Why one of a script's ``#SBATCH`` option words would undo the job contract, or None.
+
+    sbatch lets the command line override the script, and `malleable submit` passes
+    ``--nodes``, ``--gres``, ``--requeue`` and ``--open-mode=append``: the script's
+    own of those are replaced, not refused. A GPU request under another option
+    (``--gpus-per-node``, ``-G``, ...) would be added to the spec's, and an
+    ``--export`` without ``ALL`` or a GPU in ``--tres-per-task`` is not overridden.
+
+    Args:
+        words: the script's directive words (`script_directives`), abbreviations
+            spelled out (`full_option_names`).
+
+    Returns:
+        One line naming the option and its value, or None if none conflicts.
+    """
+    bad = next((w for w in words if _SCRIPT_SIZE_OPTIONS.match(w)), None)
+    if bad:
+        return (f"#SBATCH {bad}: malleable submit sets the GPU request from the spec "
+                f"(use --gpus MIN-MAX and --initial-gpus, or the spec's gpus=)")
+    kept = [w for w in words if w != "--no-requeue" and not w.startswith("--open-mode")]
+    conflict = contract_conflict(kept)
+    return None if conflict is None else "#SBATCH " + conflict
+
+
 def without_comment(words: list[str]) -> list[str]:
     """``words`` without their ``--comment`` options."""
     out, skip = [], False
@@ -459,7 +491,9 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     --gpus, --signal and --gpus-per-node are malleable's options here, not sbatch's.
     sbatch's GPU and node requests (--gres, --gpus*, -G, -N/--nodes,
     --tres-per-node) are refused: the spec decides the size. So are --no-requeue, an
-    --open-mode other than append, an --export without ALL, and --wrap. Script
+    --open-mode other than append, an --export without ALL, and --wrap. In the
+    script's #SBATCH lines the same GPU requests (but --gres and --nodes, which
+    submit's own replace) and --export are refused too. Script
     arguments are not supported: pass them through the environment. Without a batch
     size (--batch), the daemon leaves the job to Slurm until the job logs one.
 
@@ -472,6 +506,10 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     for name, times in _repeated_options(ctx.command, ctx.meta.get("submit.words", [])):
         click.echo(f"malleable submit: warning: {name} given {times} times: the last one "
                    f"applies", err=True)
+    signal = options.get("signal")
+    if signal and any(c in signal for c in "@:"):
+        _fail(f"--signal={signal}: here the spec's checkpoint signal (e.g. USR1); "
+              f"sbatch's --signal=[B:]SIG@TIME goes in an #SBATCH line of the script", 2)
     script = args[-1]
     try:   # sbatch's abbreviations spelled out before any check reads an option
         passthrough = full_option_names(list(args[:-1]))
@@ -497,7 +535,10 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     if conflict:
         _fail(conflict, 2)
     try:
-        directives = script_directives(script)
+        directives = full_option_names(script_directives(script))
+        conflict = script_conflict(directives)
+        if conflict:
+            raise SubmitError(f"{script}: {conflict}")
         script_comment, own_comment = comment_in(directives), comment_in(passthrough)
         base_comment = own_comment if own_comment is not None else script_comment or ""
         spec = build_spec([script_comment, own_comment], spec_text,

@@ -301,3 +301,21 @@ def test_a_spec_up_to_the_largest_integer_is_checked_without_listing_it():
     s = parse_spec("malleable:gpus=1-9223372036854775807,step=2")
     assert s.allows(2**62) and not s.allows(2**62 + 1)
     assert s.allowed_gpus(limit=4) == [1, 2, 4, 6]
+
+
+@pytest.mark.parametrize("text, field", [
+    ("malleable:gpus=1-8 step=4 batch=32", "step"),
+    ('notes malleable:gpus=1-8,grace=60  target_steps=500', "target_steps"),
+    ("malleable:gpus=1-8 max_batch_size=512", "max_batch_size"),    # an alias of ours
+])
+def test_a_field_of_ours_after_a_blank_is_refused_not_dropped(text, field):
+    """The spec ends at a blank: a field of ours after one would be silently dropped."""
+    with pytest.raises(SpecError, match="after a blank, outside the spec") as info:
+        parse_spec(text)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("text", ["malleable:gpus=1-8 owner=alice", "malleable:gpus=1-8 (step=4)",
+                                  "malleable:gpus=1-8, step=4"])
+def test_other_text_after_the_spec_is_still_allowed(text):
+    assert parse_spec(text).max_gpus == 8

@@ -265,3 +265,57 @@ def test_target_epochs_without_samples_per_epoch_is_warned(tmp_path):
     assert "warning: target_epochs=3 without samples_per_epoch" in result.stderr
     result = CliRunner().invoke(main, [*args, "--samples-per-epoch", "50000", str(script)])
     assert result.exit_code == 0 and "warning" not in result.stderr
+
+
+@pytest.mark.parametrize("directive, message", [
+    ("--export=NONE", "#SBATCH --export=NONE: MALLEABLE_SPOOL, MALLEABLE_SIGNAL"),
+    ("--export PATH", "#SBATCH --export=PATH: MALLEABLE_SPOOL"),
+    ("--gpus-per-node=4", "#SBATCH --gpus-per-node=4: malleable submit sets the GPU request"),
+    ("--gpus-per-nod=4", "#SBATCH --gpus-per-node=4: malleable submit sets the GPU request"),
+    ("--gpus=3", "#SBATCH --gpus=3: malleable submit sets the GPU request"),
+    ("-G 2", "#SBATCH -G: malleable submit sets the GPU request"),
+    ("--tres-per-task=gres/gpu:1", "#SBATCH --tres-per-task=gres/gpu:1: malleable submit"),
+])
+def test_a_scripts_directive_that_undoes_the_contract_is_refused(tmp_path, directive, message):
+    """sbatch lets the command line override the script, but not across options: a
+    script's --export=NONE kept MALLEABLE_SPOOL from the job, and its --gpus-per-node
+    was added to the spec's --gres (a helper on the harness)."""
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --comment=malleable:gpus=1-2\n#SBATCH {directive}\n"
+                      "true\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == f"malleable submit: error: {script}: " + \
+        r.output.strip().split(f"{script}: ", 1)[1]
+    assert message in r.output
+
+
+def test_a_scripts_own_gres_nodes_requeue_and_open_mode_are_replaced_not_refused(tmp_path):
+    """The command line's --nodes, --gres, --requeue and --open-mode=append win over the
+    script's (the examples carry them for plain sbatch)."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --comment=malleable:gpus=1-2\n#SBATCH --nodes=1\n"
+                      "#SBATCH --gres=gpu:2\n#SBATCH --no-requeue\n"
+                      "#SBATCH --open-mode=truncate\ntrue\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 0, r.output
+    assert "--requeue" in r.output and "--open-mode=append" in r.output
+
+
+def test_sbatchs_signal_form_on_the_command_line_points_to_the_script(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus", "1-2",
+                                  "--signal=B:USR1@120", str(script)])
+    assert r.exit_code == 2
+    assert "--signal=B:USR1@120: here the spec's checkpoint signal (e.g. USR1); sbatch's " \
+        "--signal=[B:]SIG@TIME goes in an #SBATCH line of the script" in r.output
+
+
+def test_a_spec_split_by_blanks_in_the_script_is_refused(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text('#!/bin/bash\n#SBATCH --comment="malleable:gpus=1-8 step=4 batch=32"\n'
+                      "true\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 2
+    assert "step=4: after a blank, outside the spec" in r.output
