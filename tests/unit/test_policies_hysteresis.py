@@ -192,17 +192,3 @@ def test_a_grow_that_does_not_fit_says_so():
     assert out.gpus.tolist() == [2, 2]
     assert out.reason[0].startswith("kept at 2: proposed 4 GPUs do not fit; grow to 4")
 
-
-def test_gpus_a_partial_grow_leaves_go_to_waiting_jobs():
-    """fifo offers job 0 every GPU; job 2's cool-down keeps 2 of them, so job 0 grows to
-    the 4 that fit. The 2 GPUs left went unused while job 1 waited: the work-conserving
-    second decision ran only for jobs kept at their size, not for partial grows."""
-    cap = Capacity.uniform(2, 4)
-    jobs = make_jobset(cap, power_law, np.full(3, 0.9), np.ones(3), np.full(3, 1e6),
-                       min_gpus=[1, 1, 1], max_gpus=[8, 8, 8],
-                       current=np.array([1, 0, 2]),
-                       since_change=np.array([np.inf, np.inf, 10.0]))
-    prop = get_policy("fifo").allocate(jobs, cap, Context())
-    assert prop.gpus.tolist() == [8, 0, 0]
-    out = Hysteresis(get_policy("fifo")).allocate(jobs, cap, Context())
-    assert out.gpus.tolist() == [4, 2, 2]
