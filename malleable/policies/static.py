@@ -50,7 +50,11 @@ class StaticPolicy(Policy):
                 reasons.append("running: keeps its GPUs" if gpus[j] == jobs.current[j]
                                else f"running on {jobs.current[j]}, not packable: {gpus[j]}")
             elif gpus[j] > 0:
-                reasons.append(f"starts at its request ({gpus[j]} GPUs)")
+                asked = int(jobs.requested[j])
+                reasons.append(f"starts at its request ({gpus[j]} GPUs)" if gpus[j] == asked
+                               else f"starts at {gpus[j]} GPUs (its request of {asked}, "
+                                    f"clipped to {jobs.min_gpus[j]}-{jobs.max_gpus[j]} and "
+                                    f"rounded to a feasible size)")
             else:
                 reasons.append(never[j] or f"waits: request of {int(want[j])} GPUs does not fit")
         return finish(jobs, gpus, reasons, order=order)

@@ -17,7 +17,7 @@ is written, the line is checked as the daemon will check it, by that validator
 fed the file's last 64 KiB: a line it would reject (a value out of range, longer
 than 4096 bytes, a step or samples below this run's last accepted line, a restart
 count below one already in the file) is refused. Only the line's time ``t`` is
-not judged (``future_time``): the job's node has its own clock. Exit codes: 0
+not judged (``future_time``, ``decreasing_time``): the job's node has its own clock. Exit codes: 0
 written, 1 the line could not be written (the reason is printed), 2 bad input or
 a line the daemon would reject (one line naming the option, its value and the
 reason; nothing is written).
@@ -111,7 +111,7 @@ def replay(tail: bytes, job_id: str) -> tuple[LineValidator, ProgressRecord | No
         ``restart`` resets the cursor; a rejected line leaves it as it was.
         Never raises.
     """
-    validator = LineValidator(job_id, max_future_s=0)
+    validator = LineValidator(job_id, max_future_s=0, check_time=False)
     lines, partial = split_lines(tail)
     if partial.strip():
         lines.append(partial)

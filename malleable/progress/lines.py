@@ -40,6 +40,7 @@ class Reason(enum.StrEnum):
     DECREASING_STEP = "decreasing_step"      # step went back within one run
     DECREASING_SAMPLES = "decreasing_samples"  # samples went back within one run
     STALE_RESTART = "stale_restart"          # restart count lower than one already seen
+    DECREASING_TIME = "decreasing_time"      # "t" went back within one run
     FUTURE_TIME = "future_time"              # "t" too far ahead of the daemon's clock
     WRONG_JOB = "wrong_job"                  # "job" is not the job whose file this is
 
@@ -84,11 +85,13 @@ class Rejection:
 
 @dataclass(frozen=True)
 class Cursor:
-    """The ordering state of a job's stream: its last accepted (restart, step, samples)."""
+    """The ordering state of a job's stream: its last accepted (restart, step, samples)
+    and time ``t`` (Unix seconds; None: not known, e.g. restored from the store)."""
 
     restart: int
     step: int
     samples: int
+    t: float | None = None
 
 
 _INT_FIELDS = ("step", "samples", "gpus", "nodes", "batch", "restart")
@@ -214,13 +217,17 @@ def _check_fields(doc: dict, *, now: float, max_future_s: float,
         path=path)
 
 
-def check_order(record: ProgressRecord, last: Cursor | None) -> Rejection | None:
+def check_order(record: ProgressRecord, last: Cursor | None, *,
+                check_time: bool = True) -> Rejection | None:
     """Is ``record`` in order after the job's last accepted record?
 
     Rules: a lower restart count than ``last`` is STALE_RESTART; a higher one
-    starts a new run (any step); a ``started`` event may go back (reloaded from
-    an older checkpoint); otherwise step and samples must not decrease
-    (DECREASING_STEP, DECREASING_SAMPLES).
+    starts a new run (any step and time); within a run ``t`` must not decrease
+    (DECREASING_TIME, unless ``check_time`` is False: a line stamped before the
+    last one would put the run's throughput intervals out of order); a
+    ``started`` event may go back in step (reloaded from an older checkpoint);
+    otherwise step and samples must not decrease (DECREASING_STEP,
+    DECREASING_SAMPLES).
 
     Returns:
         None if in order, else the `Rejection`.
@@ -229,6 +236,9 @@ def check_order(record: ProgressRecord, last: Cursor | None) -> Rejection | None
         return None
     if record.restart < last.restart:
         return Rejection(Reason.STALE_RESTART, f"restart={record.restart} < {last.restart}")
+    if check_time and last.t is not None and record.t < last.t:
+        return Rejection(Reason.DECREASING_TIME,
+                         f"t={record.t:.3f} < {last.t:.3f}, the run's last line")
     if record.event == "started":
         return None
     if record.step < last.step:
@@ -247,20 +257,21 @@ class LineValidator:
     """
 
     def __init__(self, job_id: str | None, last: Cursor | None = None, *,
-                 max_future_s: float = 300.0):
+                 max_future_s: float = 300.0, check_time: bool = True):
         self.job_id = job_id
         self.last = last
         self.max_future_s = max_future_s
+        self.check_time = check_time
 
     def feed(self, line: bytes, now: float) -> ProgressRecord | Rejection:
         """Validate the next line; on acceptance advance `last`. Never raises."""
         result = parse_line(line, now=now, max_future_s=self.max_future_s, job_id=self.job_id)
         if isinstance(result, Rejection):
             return result
-        rejected = check_order(result, self.last)
+        rejected = check_order(result, self.last, check_time=self.check_time)
         if rejected is not None:
             return rejected
-        self.last = Cursor(result.restart, result.step, result.samples)
+        self.last = Cursor(result.restart, result.step, result.samples, result.t)
         return result
 
 

@@ -19,8 +19,10 @@ Definitions (all times in seconds):
   Cluster Scheduling", NSDI 2020, section 3): ``rho = T_shared / T_ideal`` with
   ``T_shared`` the job's JCT under the policy and ``T_ideal`` its run time alone on
   ``1/N`` of the cluster, where ``N`` is the time-averaged number of jobs in the
-  system (arrived, not finished) during the job's life, counting itself. Rho
-  above 1 means the job did worse than under an equal split. ``T_ideal`` needs a
+  system (arrived, not finished) during the job's life, counting itself; the
+  share is capped at the most GPUs the job can use, and its start-up counts in
+  ``T_ideal`` as in its JCT (`malleable.sim.workload`). Rho above 1 means the job
+  did worse than under an equal split. ``T_ideal`` needs a
   model of the job (`JobOutcome.ideal_time`, a function of a GPU share); jobs
   without one get no rho. Keys: ``ftf_rho_avg``, ``ftf_rho_max``,
   ``ftf_unfair_fraction`` (share of jobs with rho > 1).
@@ -199,7 +201,8 @@ def summarize(outcomes: Sequence[JobOutcome], total_gpus: int,
     rho = rho[np.isfinite(rho)]
     out["ftf_rho_avg"] = _round(float(rho.mean())) if rho.size else None
     out["ftf_rho_max"] = _round(float(rho.max())) if rho.size else None
-    out["ftf_unfair_fraction"] = _round(float(np.mean(rho > 1.0))) if rho.size else None
+    # (above 1 by more than rounding: a job served exactly as alone has rho 1 +- 1e-15)
+    out["ftf_unfair_fraction"] = _round(float(np.mean(rho > 1.0 + 1e-9))) if rho.size else None
     return out
 
 

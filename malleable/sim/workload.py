@@ -22,6 +22,7 @@ from malleable.sim.profiles import MODELS, load_profile
 from malleable.sim.slurm import SimProgram, SimSlurm
 from malleable.sim.traces import TraceJob
 from malleable.slurm.records import SubmitRequest
+from malleable.spec import SpecError, parse_spec
 
 
 def shape_for(gpus: int, gpus_per_node: int) -> tuple[int, int]:
@@ -196,18 +197,34 @@ class Replay:
                 gpus_requested=requested, arrival_s=r.trace.arrival_s,
                 start_s=a.started if a else None, end_s=a.ended if a else None,
                 restarts=a.restarts if a else 0, gpu_seconds=a.gpu_seconds if a else 0.0,
-                ideal_time=_ideal_time(r, g)))
+                ideal_time=_ideal_time(r, g, self._max_gpus(r))))
         return out
 
+    def _max_gpus(self, r: ReplayedJob) -> int:
+        """The most GPUs the job can use: its spec's maximum, else what it was submitted on."""
+        spec = None
+        if self.comment_for is not None:
+            try:
+                spec = parse_spec(self.comment_for(r.trace))
+            except SpecError:
+                spec = None
+        return spec.max_gpus if spec is not None else r.nodes * r.gpus_per_node
 
-def _ideal_time(r: ReplayedJob, gpus_per_node: int) -> Callable[[float], float] | None:
-    """Seconds the job would take alone on a GPU share (for finish-time fairness)."""
+
+def _ideal_time(r: ReplayedJob, gpus_per_node: int, max_gpus: int
+                ) -> Callable[[float], float] | None:
+    """Seconds the job would take alone on a GPU share (for finish-time fairness).
+
+    The share is capped at the most GPUs the job can use (``max_gpus``): GPUs of an
+    equal share it could not use were not denied to it. Its start-up (the resume
+    part of its restart cost) counts once, as it does in its JCT."""
     prog = r.program
     if isinstance(prog, ProfileJob):
-        profile, batch = prog.profile, prog.batch
+        profile, batch, startup = prog.profile, prog.batch, prog.resume_s
 
         def ideal(share: float) -> float:
-            return profile.isolated_time(share, batch, gpus_per_node)
+            return startup + profile.isolated_time(min(share, float(max_gpus)), batch,
+                                                   gpus_per_node)
 
         return ideal
     if isinstance(prog, RigidJob):

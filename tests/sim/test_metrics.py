@@ -145,3 +145,28 @@ def test_importing_plots_and_metrics_does_not_import_matplotlib():
             "print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_job_served_as_if_alone_is_not_counted_unfair():
+    """ncf jobs can use 1 GPU: each ran alone at once on it, yet had rho 1.32-1.55 and
+    made most of ftf_unfair_fraction (a helper). The equal share was not capped at the
+    GPUs the job can use, and its JCT held its start-up while its ideal time did not."""
+    from malleable.config import parse_config
+    from malleable.sim.jobsetup import setup_for
+    from malleable.sim.loop import SimOptions, run_simulation
+    from malleable.sim.traces import load_pollux_workload
+
+    jobs = [j for j in load_pollux_workload(
+        "malleable/sim/data/pollux/workloads/workload-1.csv")[:10]]
+    r = run_simulation(jobs, parse_config({"policy": {"name": "pollux"}}, source="test"),
+                       SimOptions(nodes=2, gpus_per_node=4, setup=setup_for("pollux")))
+    rho = fairness_rho(r.outcomes, 8)
+    ncf = [i for i, o in enumerate(r.outcomes) if o.model == "ncf"]
+    assert len(ncf) == 5
+    for i in ncf:
+        o = r.outcomes[i]
+        assert o.start_s == o.arrival_s                    # started at once, alone on 1 GPU
+        assert rho[i] == pytest.approx(1.0, abs=1e-9)
+    assert r.summary["ftf_unfair_fraction"] == pytest.approx(
+        float(np.mean(rho[np.isfinite(rho)] > 1 + 1e-9)), abs=1e-3)
+    assert r.summary["ftf_unfair_fraction"] <= 0.1

@@ -35,6 +35,20 @@ def test_static_keeps_running_jobs_and_starts_requests_fifo():
     assert out.gpus.tolist() == [4, 3, 0, 0]          # strict FIFO: job 2 blocks job 3
 
 
+def test_static_says_when_a_job_starts_at_other_than_its_request():
+    """A request of 6 on 4-GPU nodes starts at 4 (a feasible size), one of 100 at the
+    spec's max: the reason said "starts at its request (4 GPUs)" (a helper)."""
+    cap = Capacity.uniform(4, 4)
+    jobs = simple(cap, 0.9, [100, 100, 100], requested=np.array([6, 100, 2]),
+                  max_gpus=np.array([8, 8, 8]))
+    out = get_policy("static").allocate(jobs, cap)
+    assert out.gpus.tolist() == [4, 8, 2]
+    assert out.reason[0] == ("starts at 4 GPUs (its request of 6, clipped to 1-8 and rounded "
+                             "to a feasible size)")
+    assert out.reason[1].startswith("starts at 8 GPUs (its request of 100, clipped to 1-8")
+    assert out.reason[2] == "starts at its request (2 GPUs)"
+
+
 def test_fifo_gives_the_head_its_maximum():
     cap = Capacity.uniform(2, 4)
     jobs = simple(cap, 0.9, [100, 100, 100], max_gpus=np.array([4, 8, 2]))

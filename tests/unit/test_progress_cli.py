@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import re
 import subprocess
 import sys
@@ -79,9 +80,14 @@ def test_console_script(tmp_path):
     assert read(tmp_path / "8.jsonl")[0]["batch"] == 16
 
 
+# The time of lines written by hand: after those `report` writes in a test (stamped
+# now), as a run's time never goes back.
+HAND_T = float(int(time.time()) + 86400)
+
+
 def line(step: int, *, event: str = "progress", restart: int = 0, job: str = "40",
-         samples: int | None = None) -> bytes:
-    doc = {"v": 1, "t": 1.7e9, "job": job, "event": event, "step": step,
+         samples: int | None = None, t: float = HAND_T) -> bytes:
+    doc = {"v": 1, "t": t, "job": job, "event": event, "step": step,
            "samples": step * 8 if samples is None else samples, "gpus": 1, "nodes": 1,
            "batch": 8, "restart": restart}
     if event == "checkpointed":
@@ -307,10 +313,10 @@ def test_a_last_line_without_its_newline_is_judged_as_the_line_it_becomes(tmp_pa
     """The reporter ends an unterminated last line before its own, so ingestion reads
     that line too: a whole line missing only its newline counts for the order."""
     env, path = step_env(tmp_path), tmp_path / "40.jsonl"
-    path.write_bytes(line(120).rstrip(b"\n"))
+    path.write_bytes(line(120, t=1.7e9).rstrip(b"\n"))     # (before `report`'s lines)
     res = progress_at(90, env)
     assert res.exit_code == 2 and "below step 120 " in res.stderr
-    assert path.read_bytes() == line(120).rstrip(b"\n")
+    assert path.read_bytes() == line(120, t=1.7e9).rstrip(b"\n")
     assert progress_at(130, env).exit_code == 0
     assert ingested_steps(path) == [120, 130]
 

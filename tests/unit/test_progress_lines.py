@@ -129,9 +129,30 @@ def test_validator_keeps_the_cursor_of_accepted_lines_only():
     assert isinstance(v.feed(with_(step=10), NOW), ProgressRecord)
     assert v.feed(with_(step=9), NOW).reason == Reason.DECREASING_STEP
     assert v.feed(with_(step=11, metric=float("nan")), NOW).reason == Reason.NAN_OR_INF
-    assert v.last == Cursor(0, 10, 640)
+    assert v.last == Cursor(0, 10, 640, NOW - 5)
     assert isinstance(v.feed(with_(step=12, samples=700), NOW), ProgressRecord)
-    assert v.last == Cursor(0, 12, 700)
+    assert v.last == Cursor(0, 12, 700, NOW - 5)
+
+
+def test_time_must_not_go_back_within_a_run():
+    """A line stamped before the run's last (t=1.0 in a running job's file) is refused:
+    accepted, it started the run in 1970 and cut the fitted goodput 40-fold (a helper
+    on the harness). A new run, or a cursor restored without a time, checks nothing."""
+    last = Cursor(restart=1, step=10, samples=100, t=NOW)
+    assert check_order(rec(restart=1, step=11, samples=110, t=NOW), last) is None
+    got = check_order(rec(restart=1, step=11, samples=110, t=1.0), last)
+    assert got.reason == Reason.DECREASING_TIME and "t=1.000 < " in got.detail
+    assert check_order(rec(restart=1, step=5, event="started", t=NOW - 1), last).reason == \
+        Reason.DECREASING_TIME
+    assert check_order(rec(restart=2, step=0, samples=0, t=NOW - 60), last) is None
+    assert check_order(rec(restart=1, step=11, samples=110, t=1.0),
+                       Cursor(restart=1, step=10, samples=100)) is None
+    assert check_order(rec(restart=1, step=11, samples=110, t=1.0), last,
+                       check_time=False) is None
+    v = LineValidator("12")
+    assert isinstance(v.feed(with_(step=10, t=NOW), NOW), ProgressRecord)
+    assert v.feed(with_(step=11, t=NOW - 5), NOW).reason == Reason.DECREASING_TIME
+    assert isinstance(v.feed(with_(step=11, t=NOW + 5), NOW), ProgressRecord)
 
 
 def test_split_lines_keeps_the_partial_tail():
