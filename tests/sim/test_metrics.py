@@ -156,8 +156,7 @@ def test_a_job_served_as_if_alone_is_not_counted_unfair():
     from malleable.sim.loop import SimOptions, run_simulation
     from malleable.sim.traces import load_pollux_workload
 
-    jobs = [j for j in load_pollux_workload(
-        "malleable/sim/data/pollux/workloads/workload-1.csv")[:10]]
+    jobs = load_pollux_workload("malleable/sim/data/pollux/workloads/workload-1.csv")[:10]
     r = run_simulation(jobs, parse_config({"policy": {"name": "pollux"}}, source="test"),
                        SimOptions(nodes=2, gpus_per_node=4, setup=setup_for("pollux")))
     rho = fairness_rho(r.outcomes, 8)
