@@ -31,6 +31,7 @@ field and the value, e.g. a bad spec).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -78,13 +79,17 @@ def script_directives(path: str) -> list[str]:
     the first line that is neither blank nor a comment).
 
     Raises:
-        SubmitError: the script cannot be read.
+        SubmitError: the script cannot be read, or its first line is not ``#!`` and an
+            interpreter (sbatch refuses such a script).
     """
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             text = fh.read(1 << 20)
     except OSError as exc:
         raise SubmitError(f"script {path}: {exc.strerror}") from None
+    if not text.startswith("#!"):
+        raise SubmitError(f"script {path}: its first line must be #! and an interpreter "
+                          f"(e.g. #!/bin/bash), as sbatch requires")
     words: list[str] = []
     for i, raw in enumerate(text.splitlines()):
         line = raw.strip()
@@ -335,6 +340,17 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
     return k // g, g
 
 
+def largest_size(spec: MalleableSpec, gpus_per_node: int) -> int:
+    """The largest GPU count the spec allows that Slurm can give on nodes of
+    ``gpus_per_node`` GPUs (one node, or whole nodes), 0 if none: ``min_gpus`` or a
+    multiple of ``step`` in ``(min_gpus, max_gpus]``, at most g or a multiple of g."""
+    g, lo, hi, step = max(1, gpus_per_node), spec.min_gpus, spec.max_gpus, spec.step
+    sizes = [lo] if lo <= g or lo % g == 0 else []
+    lcm = step * g // math.gcd(step, g)
+    sizes += [k for k in ((min(hi, g) // step) * step, (hi // lcm) * lcm) if lo < k <= hi]
+    return max(sizes, default=0)
+
+
 def malleable_request(script: str, spec: MalleableSpec, *, initial_gpus: int | None,
                       gpus_per_node: int, spool_dir: str, name: str = "",
                       base_comment: str = "", extra_args: tuple[str, ...] | list[str] = (),
@@ -560,6 +576,11 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
                 click.echo(f"malleable submit: warning: {warning}", err=True)
         else:
             gpus_per_node = offline_gpn
+        top = largest_size(spec, gpus_per_node)
+        if 0 < top < spec.max_gpus:
+            click.echo(f"malleable submit: warning: gpus={spec.min_gpus}-{spec.max_gpus} with "
+                       f"step={spec.step}: the largest size it allows on {gpus_per_node}-GPU "
+                       f"nodes is {top} (above one node, only whole nodes)", err=True)
         request = malleable_request(script, spec, initial_gpus=initial_gpus,
                                     gpus_per_node=gpus_per_node,
                                     spool_dir=config.progress.spool_dir,

@@ -45,12 +45,12 @@ def policy_class(name: str) -> type[Policy]:
     target = DEFAULT if name == "default" else name
     if target not in POLICIES:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(available())})"
-                         f"{_did_you_mean(name)}")
+                         f"{did_you_mean(name)}")
     module_name, attr = POLICIES[target].split(":")
     return getattr(importlib.import_module(module_name), attr)
 
 
-def _did_you_mean(name: str) -> str:
+def did_you_mean(name: str) -> str:
     """``"; did you mean 'las'?"`` for a name that differs from a known one only in
     case or by a typo (difflib's closest match), else ``""``."""
     import difflib

@@ -208,12 +208,13 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     twice = sorted({p for p in pols if pols.count(p) > 1})
     if twice:
         raise _fail(f"--policy {twice[0]!r}: given twice (its runs would share one folder)")
-    from malleable.policies.registry import DEFAULT, available
+    from malleable.policies.registry import DEFAULT, available, did_you_mean
 
     known = available()
     for p in pols:
         if p not in known:
-            raise _fail(f"--policy {p!r}: unknown policy (known: {', '.join(known)})")
+            raise _fail(f"--policy {p!r}: unknown policy (known: {', '.join(known)})"
+                        f"{did_you_mean(p)}")
     if "default" in pols and DEFAULT in pols:
         raise _fail(f"--policy: 'default' and {DEFAULT!r} are the same policy (default is "
                     f"an alias of {DEFAULT}): give one")

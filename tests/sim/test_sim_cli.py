@@ -232,6 +232,8 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--workload", "/nonexistent/w.csv", "--policy", "pollux"],
      "--workload /nonexistent/w.csv: no such file"),
     (["--policy", "nosuch"], "--policy 'nosuch': unknown policy"),
+    (["--policy", "Pollux"], "unknown policy (known: default, equi, fifo, gittins, hesrpt, las, "
+                             "optimus, pollux, srpt, static); did you mean 'pollux'? Names are lower case"),
     (["--policy", "pollux", "--seed", "x"], "--seed 'x': not an integer"),
     (["--policy", "pollux", "--seed", "-1"], "--seed '-1': expected an integer >= 0"),
     (["--policy", "pollux", "--seed", "1,2,1"], "--seed '1': given twice"),

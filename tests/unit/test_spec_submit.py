@@ -319,3 +319,39 @@ def test_a_spec_split_by_blanks_in_the_script_is_refused(tmp_path):
     r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
     assert r.exit_code == 2
     assert "step=4: after a blank, outside the spec" in r.output
+
+
+def test_a_script_without_its_interpreter_line_is_refused_before_sbatch(tmp_path):
+    """sbatch refuses a script whose first line is not #!...: --dry-run passed it and the
+    real submit exited 1 with sbatch's text (a helper)."""
+    script = tmp_path / "job.sh"
+    script.write_text("#SBATCH --comment=malleable:gpus=1-2\ntrue\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 2
+    assert f"script {script}: its first line must be #! and an interpreter (e.g. " \
+        "#!/bin/bash), as sbatch requires" in r.output
+
+
+@pytest.mark.parametrize("spec, top", [("gpus=1-8,step=3", 3), ("gpus=1-7", 4)])
+def test_a_maximum_no_node_shape_reaches_is_warned_about(tmp_path, spec, top):
+    """gpus=1-8,step=3 allows 1, 3 and 6; on 4-GPU nodes 6 is not whole nodes, so the
+    job can never get more than 3, yet nothing said so (a helper)."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--spec", spec,
+                                  str(script)])
+    assert r.exit_code == 0, r.output
+    lo_hi = spec.split(",")[0]
+    assert f"malleable submit: warning: {lo_hi} with step=" in r.output
+    assert f"the largest size it allows on 4-GPU nodes is {top} (above one node, only " \
+        "whole nodes)" in r.output
+
+
+def test_largest_size_matches_the_listed_sizes():
+    from malleable.submit import largest_size
+    for text in ("gpus=1-8,step=3", "gpus=2-16,step=4", "gpus=1-8", "gpus=1-7", "gpus=6-6",
+                 "gpus=3-100,step=3", "gpus=5-40,step=5", "gpus=8-8"):
+        spec = parse_spec("malleable:" + text)
+        for g in (1, 2, 4, 8):
+            sizes = [k for k in spec.allowed_gpus() if k <= g or k % g == 0]
+            assert largest_size(spec, g) == max(sizes, default=0), (text, g)
