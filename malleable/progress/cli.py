@@ -333,23 +333,36 @@ def started(job, spool, batch, step, samples) -> None:
     _Context(job, spool, batch).write("started", step=step, samples=samples)
 
 
-def _finite(name: str):
-    def convert(ctx, param, value):
-        if value is not None and not math.isfinite(value):
-            raise click.BadParameter(f"{value}: not a finite number", param_hint=name)
-        return value
-    return convert
+class _FiniteFloat(click.ParamType):
+    """A float that must be finite; the error shows the value as given (1e400, not inf)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r}: not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value}: not a finite number", param, ctx)
+        return number
+
+
+_finite_float = _FiniteFloat()
 
 
 @report.command("progress")
 @common
 @click.option("--step", type=_nonneg, required=True, help="Cumulative training iterations.")
 @click.option("--samples", type=_nonneg, required=True, help="Cumulative samples processed.")
-@click.option("--metric", type=float, callback=_finite("--metric"),
+@click.option("--metric", type=_finite_float,
               help="Current metric (loss, accuracy, ...).")
-@click.option("--grad-sqr", type=float, callback=_finite("--grad-sqr"),
+@click.option("--grad-sqr", type=_finite_float,
               help="Estimate of the squared norm of the true gradient, |G|^2.")
-@click.option("--grad-var", type=float, callback=_finite("--grad-var"),
+@click.option("--grad-var", type=_finite_float,
               help="Trace of the covariance of the gradient estimate, normalised to "
                    "the initial batch size m0 (the spec's batch): the noise scale is "
                    "phi = m0 * grad_var / grad_sqr.")

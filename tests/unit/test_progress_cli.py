@@ -59,6 +59,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path):
     nan = run(["progress", "--step", "1", "--samples", "2", "--batch", "4", "--metric", "nan"],
               env)
     assert nan.exit_code == 2 and "not a finite number" in nan.output
+    big = run(["progress", "--step", "1", "--samples", "2", "--batch", "4", "--grad-sqr",
+               "1e400"], env)                   # named as given, not as the inf it became
+    assert big.exit_code == 2 and "'--grad-sqr': 1e400: not a finite number" in big.output
     neg = run(["progress", "--step", "-1", "--samples", "2", "--batch", "4"], env)
     assert neg.exit_code == 2
     assert not (tmp_path / "5.jsonl").exists()
