@@ -254,12 +254,20 @@ def replay_command(workload, speedup, limit, every, models, until_s, script, max
         if unknown:
             _fail(f"--models {models}: unknown model {unknown[0]!r} (known: "
                   f"{', '.join(MODELS)})", 2)
+    if not trace:
+        _fail(f"--workload {workload}: no job to replay (the trace has none)", 2)
+    problem = None
     if os.path.isdir(script):
-        _fail(f"--script {script}: a directory, not a batch script", 2)
-    if not os.path.isfile(script):
+        problem = f"--script {script}: a directory, not a batch script"
+    elif not os.path.isfile(script):
         hint = (" (the default is relative to the current directory: run from the malleable "
                 "checkout, or give --script PATH)" if script == DEFAULT_SCRIPT else "")
-        _fail(f"--script {script}: no such file{hint}", 2)
+        problem = f"--script {script}: no such file{hint}"
+    if problem and dry_run:   # nothing is submitted: the real replay would need it
+        click.echo(f"malleable replay: warning: {problem}; a replay that submits needs it",
+                   err=True)
+    elif problem:
+        _fail(problem, 2)
     if dry_run and (gpus_per_node is None) != (nodes is None):
         given, missing = (("--gpus-per-node", "--nodes") if nodes is None
                           else ("--nodes", "--gpus-per-node"))
@@ -272,7 +280,8 @@ def replay_command(workload, speedup, limit, every, models, until_s, script, max
             client = connect(config.slurm)
             info = client.cluster()
         except SlurmError as exc:
-            _fail(str(exc), 1)
+            _fail(str(exc) + ("; without a cluster, give --nodes and --gpus-per-node for an "
+                              "offline --dry-run" if dry_run else ""), 1)
         gpus_per_node = gpus_per_node or info.gpus_per_node
         nodes = nodes or info.nodes
     g = max(1, gpus_per_node)

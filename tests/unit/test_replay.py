@@ -73,13 +73,29 @@ def test_cli_names_a_missing_default_script_as_relative(tmp_path, monkeypatch):
     workload = os.path.abspath(WORKLOAD)
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["replay", "--workload", workload, "--limit", "2",
-                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run"])
+                                  "--gpus-per-node", "4", "--nodes", "4"])
     assert r.exit_code == 2
     assert "--script examples/emulated_job.sbatch: no such file (the default is relative" in r.output
     r = CliRunner().invoke(main, ["replay", "--workload", workload, "--script", "x.sbatch",
-                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run"])
+                                  "--gpus-per-node", "4", "--nodes", "4"])
     assert r.exit_code == 2 and "--script x.sbatch: no such file" in r.output
     assert "relative" not in r.output
+    # A dry run submits nothing: it prints the recipes and warns (a helper outside the
+    # checkout could not see them).
+    r = CliRunner().invoke(main, ["replay", "--workload", workload, "--limit", "2",
+                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run"])
+    assert r.exit_code == 0 and '"name": "cifar10-0"' in r.stdout
+    assert "malleable replay: warning: --script examples/emulated_job.sbatch: no such file " \
+        "(the default is relative" in r.stderr
+
+
+def test_a_trace_without_jobs_is_bad_input(tmp_path):
+    empty = tmp_path / "w.csv"
+    empty.write_text("name,time,application,num_replicas,batch_size\n")
+    r = CliRunner().invoke(main, ["replay", "--workload", str(empty), "--gpus-per-node", "4",
+                                  "--nodes", "4", "--dry-run"])
+    assert r.exit_code == 2
+    assert f"--workload {empty}: no job to replay (the trace has none)" in r.output
 
 
 @pytest.mark.parametrize("opt, value, message", [
@@ -99,8 +115,9 @@ def test_cli_refuses_values_no_spec_can_hold_with_exit_2(opt, value, message):
     (["--grace", "nan"], "Invalid value for '--grace': 'nan' is not a finite number"),
     (["--script", "/tmp"], "--script /tmp: a directory, not a batch script")])
 def test_cli_refuses_nan_and_a_directory_script(args, message):
+    dry = [] if args[0] == "--script" else ["--dry-run"]   # (a dry run only warns)
     r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "1",
-                                  "--gpus-per-node", "4", "--nodes", "4", "--dry-run", *args])
+                                  "--gpus-per-node", "4", "--nodes", "4", *dry, *args])
     assert r.exit_code == 2 and message in r.output, r.output
 
 
@@ -133,3 +150,13 @@ def test_max_gpus_above_the_cluster_is_noted():
     assert "malleable:gpus=1-64" in r.stdout   # the spec keeps what was asked
     r = CliRunner().invoke(main, [*args, "--max-gpus", "8"])
     assert r.exit_code == 0 and "note:" not in r.stderr, r.output
+
+
+def test_a_dry_run_without_a_cluster_says_how_to_run_offline(tmp_path):
+    """No Slurm to ask (here: no Slurm command on PATH): exit 1 as for any Slurm
+    failure, and the line says how to run the dry run offline."""
+    r = CliRunner().invoke(main, ["replay", "--workload", WORKLOAD, "--limit", "1",
+                                  "--dry-run"], env={"PATH": str(tmp_path), "SLURM_CONF": ""})
+    assert r.exit_code == 1, r.output
+    assert r.output.strip().endswith("; without a cluster, give --nodes and --gpus-per-node "
+                                     "for an offline --dry-run")
