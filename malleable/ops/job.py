@@ -51,6 +51,7 @@ from malleable.ops.views import (
     remaining_time,
     resolve_gpus_per_node,
 )
+from malleable.progress.spool import SpoolDir
 
 SCHEMA = "malleable.job/1"
 TARGETS_SHOWN = 20
@@ -103,8 +104,13 @@ def curve_doc(curve: GoodputCurve | None, g_source: str) -> dict | None:
 
 
 def build_job(s: Session, slurm_job_id: str, now: datetime, *,
-              gpus_per_node: int | None = None) -> tuple[dict, GoodputCurve | None]:
+              gpus_per_node: int | None = None,
+              spool_dir: str | None = None) -> tuple[dict, GoodputCurve | None]:
     """The ``malleable.job/1`` document (docs/cli-json.md) and the goodput curve.
+
+    ``spool_dir``: the daemon's progress spool, to name the file it reads for a
+    malleable job none of whose files was read yet (``progress.expected_file``; None:
+    not named).
 
     Raises:
         BadInput: the store does not know the job.
@@ -165,6 +171,10 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
             "lines_accepted": pf.lines_accepted if pf else 0,
             "rejected": dict(pf.rejected or {}) if pf else {},
             "file": pf.path if pf else None,
+            # No file read yet: where the daemon looks (a job writing elsewhere, e.g.
+            # submitted by plain sbatch without MALLEABLE_SPOOL, shows up here).
+            "expected_file": (SpoolDir(spool_dir).file_path_safe(job.slurm_job_id)
+                              if spool_dir and job.malleable and pf is None else None),
             "first": _sample_doc(first),
             "last": _sample_doc(recent[-1] if recent else None),
             "throughput": None if tp is None else {
@@ -322,6 +332,9 @@ def render_job(doc: dict) -> str:
     rej = ", ".join(f"{k} {v}" for k, v in sorted(pr["rejected"].items())) or "none"
     out.append(f"progress:  {pr['lines_stored']} lines stored ({pr['lines_accepted']} accepted, "
                f"rejected: {rej})")
+    if pr.get("expected_file"):
+        out.append(f"           no progress file read yet: the daemon reads "
+                   f"{pr['expected_file']} (the job writes to $MALLEABLE_SPOOL/<job>.jsonl)")
     if last is not None:
         out.append(f"           last: step {last['step']}, {last['samples']:,} samples, "
                    f"{last['gpus']} GPUs, batch {last['batch_size']} at "
@@ -418,7 +431,8 @@ def show(job_id: str, config_path: str | None, database_url: str | None, as_json
     """
     config = effective_config(config_path, database_url)
     with open_store(config) as st, st.sessions() as s:
-        doc, _ = build_job(s, job_id.strip(), datetime.now(UTC), gpus_per_node=gpus_per_node)
+        doc, _ = build_job(s, job_id.strip(), datetime.now(UTC), gpus_per_node=gpus_per_node,
+                           spool_dir=config.progress.spool_dir)
     if plot_path is not None:
         doc["plot"] = plot_curve(doc, plot_path)
     emit(doc, as_json, render_job)

@@ -187,7 +187,8 @@ STATUS = _schema("malleable.status/1", "malleable status",
                                   "or backfill's a-year-ahead placeholder)"),
         "goodput_basis": _null("string", "what goodput_at_target rests on: fit (the job's "
                                          "own throughput), finished_jobs (none measured "
-                                         "yet: the prior from finished jobs of its model) "
+                                         "yet: the prior from finished jobs like it: same "
+                                         "model, else same name and user) "
                                          "or default (none measured, no such prior: the "
                                          "cluster's default, a guess)"),
         "remaining_basis": _null("string", "what remaining_work rests on: target (declared "
@@ -259,6 +260,8 @@ JOB = _schema("malleable.job/1", "malleable job show",
         "rejected": {"type": "object", "additionalProperties": {"type": "integer"},
                      "description": "rejected lines by reason (docs/progress-format.md)"},
         "file": _null("string", "its progress file"),
+        "expected_file": _null("string", "where the daemon reads a malleable job's lines, "
+                                         "while no file was read (null once one was)"),
         "first": _ref("sample", "its first stored line"),
         "last": _ref("sample", "its latest stored line"),
         "throughput": _obj("samples per second over its latest lines of the latest run", {

@@ -680,6 +680,11 @@ class Reporter:
                 self._warn(f"nan-{name}", f"{name}={v}: not finite, left out of the line")
                 continue
             stats[name] = float(v)
+        if event != "started" and (step < self.step or samples < self.samples):
+            self._warn("decreasing", f"step={step}, samples={samples} after step={self.step}, "
+                       f"samples={self.samples}: the daemon rejects a line whose step or "
+                       f"samples go back within a run (log cumulative counts; after "
+                       f"reloading a checkpoint, call started() first)")
         line = self.format_line(event, step, samples, path=path, **stats)
         if len(line) > MAX_LINE_BYTES:
             raise ValueError(f"progress line of {len(line)} bytes exceeds {MAX_LINE_BYTES} "

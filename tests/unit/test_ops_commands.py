@@ -172,7 +172,8 @@ def test_status_marks_an_eta_without_a_declared_target(run):
     j["goodput_basis"] = "default"
     text = render_status(doc)
     assert "~" + fmt_duration(j["eta_s"]) in text
-    assert "~ no throughput measured yet and no finished job of its model" in text
+    assert "~ no throughput measured yet and no finished job like it (same model, else same " \
+        "name and user)" in text
     assert "no declared target" not in text
 
 
@@ -268,6 +269,7 @@ def test_job_show_json(run, built, tmp_path):
     assert [r["throughput"] for r in pr["runs"]] == pytest.approx([1000.0, 1800.0])
     assert pr["throughput"]["samples_per_s"] == pytest.approx(1800.0)
     assert pr["first"]["samples"] == 0 and pr["last"]["samples"] == 100_000 + 12 * 18_000
+    assert pr["file"] and pr["expected_file"] is None
     e = doc["estimate"]
     assert "remaining_exact" in e["flags"] and e["m0"] == 512 and e["eta_gpus"] == 8
     assert e["remaining_work"] == pytest.approx(2_000_000 - e["progress"], abs=1)
@@ -292,6 +294,19 @@ def test_job_show_text_rigid_and_unknown(run, tmp_path):
     one_line_error(run("job", "show", "104", "--plot", str(tmp_path / "x.png")), 2,
                    "job 104 is rigid (no valid malleable spec)")
     one_line_error(run("job", "show", "999"), 2, "job '999': not in the state store")
+
+
+def test_job_show_names_the_file_it_waits_for(run, built):
+    """A malleable job whose lines were never read (here the pending 102) shows where
+    the daemon reads them: a job writing elsewhere showed "0 lines stored" and no hint
+    (a helper). A rigid job's lines are not read: nothing to show."""
+    doc = js(run("job", "show", "102", "--json"))
+    assert doc["progress"]["file"] is None
+    expected = doc["progress"]["expected_file"]
+    assert expected.endswith("/102.jsonl")
+    assert f"no progress file read yet: the daemon reads {expected}" in \
+        run("job", "show", "102").stdout
+    assert js(run("job", "show", "104", "--json"))["progress"]["expected_file"] is None
 
 
 def test_job_show_pending_start_is_slurms_expectation(run):

@@ -114,6 +114,20 @@ def test_bad_arguments_raise_and_nan_metrics_are_left_out(tmp_path, capsys):
     assert "not finite" in capsys.readouterr().err
 
 
+def test_a_step_that_goes_back_is_written_with_one_warning(tmp_path, capsys):
+    """The daemon rejects it (decreasing_step); the reporter never stops training, so it
+    writes the line and says so once. A started() line may go back (a reload)."""
+    rep = Reporter("9", tmp_path, install_handler=False)
+    rep.log(5, 40, batch_size=8)
+    rep.log(3, 10)
+    rep.log(2, 8)
+    rep.started(1, 8)
+    assert [x["step"] for x in lines(rep.path)] == [5, 3, 2, 1]
+    err = capsys.readouterr().err
+    assert err.count("go back within a run") == 1
+    assert "step=3, samples=10 after step=5, samples=40: the daemon rejects" in err
+
+
 def test_numpy_and_other_integral_counts_are_written_as_plain_ints(tmp_path):
     """np.int64 (what a numpy or torch training loop holds) raised TypeError; any
     object with __index__ is an integer now, and the line is the same as for an int.
