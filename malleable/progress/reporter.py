@@ -441,11 +441,16 @@ class Reporter:
         nodes = nodes_from_env(env)
         if batch_size is None and env.get(ENV_BATCH, "").strip().isdigit():
             batch_size = int(env[ENV_BATCH])
-        return cls(job_id, spool_dir or env.get(ENV_SPOOL) or DEFAULT_SPOOL,
-                   restart_count=restart_count_from_env(env),
-                   gpus=gpus_per_node_from_env(env) * nodes, nodes=nodes,
-                   batch_size=batch_size, signal=signal or env.get(ENV_SIGNAL) or "USR1",
-                   install_handler=install_handler, clock=clock)
+        spool = spool_dir or env.get(ENV_SPOOL) or DEFAULT_SPOOL
+        rep = cls(job_id, spool, restart_count=restart_count_from_env(env),
+                  gpus=gpus_per_node_from_env(env) * nodes, nodes=nodes,
+                  batch_size=batch_size, signal=signal or env.get(ENV_SIGNAL) or "USR1",
+                  install_handler=install_handler, clock=clock)
+        if not os.path.isabs(os.fspath(spool)):   # (`malleable report` refuses one)
+            rep._warn("relative-spool", f"spool {os.fspath(spool)!r} is a relative path: lines "
+                      f"go to {os.path.abspath(rep.path)}, which the daemon reads only if "
+                      f"that is its spool (give the absolute path of the site's spool_dir)")
+        return rep
 
     # -- the checkpoint signal --
 

@@ -128,6 +128,18 @@ def test_a_step_that_goes_back_is_written_with_one_warning(tmp_path, capsys):
     assert "step=3, samples=10 after step=5, samples=40: the daemon rejects" in err
 
 
+def test_a_relative_spool_is_warned_about(tmp_path, capsys, monkeypatch):
+    """`malleable report` refuses a relative MALLEABLE_SPOOL; the reporter (which never
+    stops training) used it silently, relative to wherever the job runs."""
+    monkeypatch.chdir(tmp_path)
+    rep = Reporter.from_env({"SLURM_JOB_ID": "7", "MALLEABLE_SPOOL": "rel/spool"},
+                            install_handler=False)
+    assert rep.path == os.path.join("rel/spool", "7.jsonl")
+    err = capsys.readouterr().err
+    assert f"spool 'rel/spool' is a relative path: lines go to {tmp_path}/rel/spool/7.jsonl" \
+        in err
+
+
 def test_numpy_and_other_integral_counts_are_written_as_plain_ints(tmp_path):
     """np.int64 (what a numpy or torch training loop holds) raised TypeError; any
     object with __index__ is an integer now, and the line is the same as for an int.
