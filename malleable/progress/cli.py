@@ -10,7 +10,7 @@ A shell, Julia or C++ job calls it between training steps::
 Each call appends one line to the job's progress file exactly as
 `malleable.progress.reporter.Reporter` does (same environment variables, same
 format, made by `Reporter.format_line`). ``--batch`` is remembered from the last
-accepted line of the file, so it need only be given once; ``checkpointed`` and
+accepted line of the file (before ``MALLEABLE_BATCH_SIZE``), so it need only be given once; ``checkpointed`` and
 ``finished`` default to that line's step and samples ("accepted": as the daemon's
 `LineValidator` judges the file, so a line it rejects sets no default). Before it
 is written, the line is checked as the daemon will check it, by that validator
@@ -204,7 +204,9 @@ class _Context:
             fail(str(exc))
         self.job_given = bool(job)
         self.validator, self.last = replay(read_tail(self.reporter.path), self.reporter.job_id)
-        if batch is None and not env.get(ENV_BATCH, "").strip() and self.last is not None:
+        # The file's last accepted line says the batch the job runs at now: it wins over
+        # MALLEABLE_BATCH_SIZE, which `malleable submit` sets to the spec's initial batch.
+        if batch is None and self.last is not None:
             batch = self.last.batch
         if batch is not None:
             self.reporter.batch_size = batch
@@ -296,8 +298,8 @@ _common = [
     click.option("--spool", "spool", metavar="DIR",
                  help=f"Spool directory (default: ${ENV_SPOOL} or the system spool)."),
     click.option("--batch", "batch", type=click.IntRange(min=1), metavar="N",
-                 help=f"Global batch size (default: ${ENV_BATCH}, else the last "
-                      "accepted line's)."),
+                 help=f"Global batch size (default: the last accepted line's, else "
+                      f"${ENV_BATCH})."),
 ]
 
 

@@ -163,6 +163,20 @@ def test_a_new_restart_or_a_started_line_resets_the_step(tmp_path):
     assert ingested_steps(path) == [0, 120, 90, 50, 60]
 
 
+def test_the_files_batch_wins_over_the_submit_time_variable(tmp_path):
+    """`malleable submit --batch 64` sets MALLEABLE_BATCH_SIZE=64; a job that reports
+    `started --batch 256` and then `progress` without --batch ran at 256, but its
+    lines said 64, and its ETA was 4x short (a helper on the harness)."""
+    env = {**step_env(tmp_path), "MALLEABLE_BATCH_SIZE": "64"}
+    path = tmp_path / "40.jsonl"
+    assert run(["started", "--batch", "256"], env).exit_code == 0
+    assert progress_at(10, env).exit_code == 0
+    assert [json.loads(x)["batch"] for x in path.read_bytes().splitlines()] == [256, 256]
+    (tmp_path / "40.jsonl").unlink()
+    assert run(["started"], env).exit_code == 0        # nothing in the file: the variable
+    assert json.loads(path.read_bytes().splitlines()[-1])["batch"] == 64
+
+
 def test_a_torn_last_line_or_an_empty_file_is_tolerated(tmp_path):
     env, path = step_env(tmp_path), tmp_path / "40.jsonl"
     path.write_bytes(b"")
