@@ -231,6 +231,8 @@ _SECONDS_FIELDS = {"grace_s", "restart_cost_s"}
 _START = re.compile(r"(?:^|(?<=[\s\"'(\[{|;,]))malleable:", re.IGNORECASE)
 _FIELD = re.compile(r"\s*([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
 _SEP = re.compile(r"\s*[,;]")
+# A key=value word anywhere after the spec (preceded by a blank).
+_LOOSE_FIELD = re.compile(r"(?<=\s)([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
 _INT = re.compile(r"[+-]?[0-9]+")   # a sign is read, so that -5 is refused as out of range
 _SECONDS = re.compile(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)([smh]?)", re.IGNORECASE)
 _GPUS = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -422,15 +424,16 @@ def find_spec(text: str) -> tuple[int, int] | None:
 
 def _refuse_split_spec(text: str, start: int, end: int) -> None:
     """Raise `SpecError` if a field of ours follows the spec ``text[start:end]`` after a
-    blank ("gpus=1-8 step=4"): the spec ends at the blank, so the field would be
-    dropped without a word. Other text after the spec is the comment's own."""
-    lost = _FIELD.match(text, end)
-    if lost and text[end:lost.start(1)].strip() == "" and \
-            _ALIASES.get(lost.group(1).lower(), lost.group(1).lower()) in KNOWN_KEYS:
-        raise SpecError(f"malleable spec: {lost.group(1)}={lost.group(2)}: after a blank, "
-                        f"outside the spec (separate its fields by commas, e.g. "
-                        f"{text[start:end]},{lost.group(1)}={lost.group(2)})",
-                        field=lost.group(1).lower(), value=lost.group(2))
+    blank, anywhere in the rest of the comment ("gpus=1-8 step=4", "gpus=1-8 nightly
+    step=4"): the spec ends at the blank, so the field would be dropped without a word.
+    Other text after the spec is the comment's own."""
+    for lost in _LOOSE_FIELD.finditer(text, end):
+        key = lost.group(1)
+        if _ALIASES.get(key.lower(), key.lower()) in KNOWN_KEYS:
+            raise SpecError(f"malleable spec: {key}={lost.group(2)}: after a blank, outside "
+                            f"the spec (separate its fields by commas, e.g. "
+                            f"{text[start:end]},{key}={lost.group(2)})",
+                            field=key.lower(), value=lost.group(2))
 
 
 def spec_fields(text: str) -> list[tuple[str, str]]:

@@ -65,7 +65,9 @@ _SPEC_OPTIONS = {
 # sbatch options that would fight the size the spec sets.
 _SIZE_OPTIONS = re.compile(r"^(-G|-N|--nodes|--gres|--gpus|--gpus-per-node|--gpus-per-task|"
                            r"--gpus-per-socket|--tres-per-node)(=.*)?$|^-[GN].+$")
-_SBATCH_LINE = re.compile(r"^#SBATCH\s+(.*)$")
+# sbatch reads a line that starts with "#SBATCH" in its first column, with or without a
+# blank before the options ("#SBATCH--gpus=2" too).
+_SBATCH_LINE = re.compile(r"^#SBATCH(.*)$")
 # sbatch options that take a value, read by `contract_conflict` (also as two words).
 _VALUED = ("--open-mode", "--export", "--tres-per-task")
 
@@ -83,13 +85,17 @@ def script_directives(path: str) -> list[str]:
             interpreter (sbatch refuses such a script).
     """
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        # (newline="": line breaks as written, so that DOS ones are seen)
+        with open(path, encoding="utf-8", errors="replace", newline="") as fh:
             text = fh.read(1 << 20)
     except OSError as exc:
         raise SubmitError(f"script {path}: {exc.strerror}") from None
     if not text.startswith("#!"):
         raise SubmitError(f"script {path}: its first line must be #! and an interpreter "
                           f"(e.g. #!/bin/bash), as sbatch requires")
+    if "\r\n" in text:
+        raise SubmitError(f"script {path}: DOS line breaks (\\r\\n), which sbatch refuses "
+                          f"(convert it, e.g. with dos2unix)")
     words: list[str] = []
     for i, raw in enumerate(text.splitlines()):
         line = raw.strip()
@@ -97,14 +103,15 @@ def script_directives(path: str) -> list[str]:
             continue
         if line and not line.startswith("#"):
             break
-        m = _SBATCH_LINE.match(line)
+        m = _SBATCH_LINE.match(raw.rstrip("\r"))
         if m:
             words.extend(_split_directive(m.group(1)))
     return words
 
 
 def _split_directive(text: str) -> list[str]:
-    """Split an #SBATCH line's options like sbatch does (quotes group, # ends the line)."""
+    """Split an #SBATCH line's options like sbatch does (quotes group, an unquoted #
+    ends the line)."""
     words, cur, quote, has = [], [], "", False
     for ch in text:
         if quote:
@@ -118,7 +125,7 @@ def _split_directive(text: str) -> list[str]:
             if cur or has:
                 words.append("".join(cur))
             cur, has = [], False
-        elif ch == "#" and not cur:
+        elif ch == "#":     # (unquoted, even inside a word: sbatch ends the line there)
             break
         else:
             cur.append(ch)
@@ -142,7 +149,7 @@ def comment_in(words: list[str]) -> str | None:
 # an option (getopt_long), so a prefix of one of these is that option to us too.
 _READ_OPTIONS = ("nodes", "gres", "gpus", "gpus-per-node", "gpus-per-task", "gpus-per-socket",
                  "tres-per-node", "tres-per-task", "no-requeue", "requeue", "open-mode",
-                 "export", "wrap", "comment")
+                 "export", "wrap", "comment", "signal")
 
 
 def full_option_names(words: list[str]) -> list[str]:
@@ -216,6 +223,29 @@ def contract_conflict(words: list[str]) -> str | None:
     return None
 
 
+# sbatch's short options (its getopt string): those that take no argument, and the one
+# whose argument is optional ("k"); every other letter takes the rest of its word.
+_SHORT_NO_ARG = frozenset("hHIOQsuvVW")
+
+
+def _bundled(word: str) -> list[str]:
+    """The short options of one word as getopt reads a bundle ("-vG2": -v, -G; "-pG":
+    -p only, G is its argument); [] for a word that is not short options."""
+    if not word.startswith("-") or word.startswith("--") or len(word) < 2:
+        return []
+    out = []
+    for ch in word[1:]:
+        out.append("-" + ch)
+        if ch not in _SHORT_NO_ARG:     # takes the rest of the word (or the next word)
+            break
+    return out
+
+
+def _requests_size(word: str, letters: str) -> bool:
+    """Whether a bundle of short options holds one of ``letters`` (e.g. "GN")."""
+    return any(o[1] in letters for o in _bundled(word))
+
+
 # GPU requests a script may not make: sbatch keeps them beside the command line's
 # --gres (a different option), where the command line's --nodes and --gres replace
 # the script's own.
@@ -239,7 +269,8 @@ def script_conflict(words: list[str]) -> str | None:
     Returns:
         One line naming the option and its value, or None if none conflicts.
     """
-    bad = next((w for w in words if _SCRIPT_SIZE_OPTIONS.match(w)), None)
+    bad = next((w for w in words if _SCRIPT_SIZE_OPTIONS.match(w) or _requests_size(w, "G")),
+               None)
     if bad:
         return (f"#SBATCH {bad}: malleable submit sets the GPU request from the spec "
                 f"(use --gpus MIN-MAX and --initial-gpus, or the spec's gpus=)")
@@ -531,6 +562,12 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
         passthrough = full_option_names(list(args[:-1]))
     except SubmitError as exc:
         _fail(str(exc), 2)
+    for given, spelled in zip(args[:-1], passthrough, strict=False):
+        if spelled == "--signal" or spelled.startswith("--signal="):
+            # (click left it to sbatch: it reads an abbreviation as its own --signal)
+            _fail(f"{given}: sbatch would read it as its --signal; here --signal is the "
+                  f"spec's checkpoint signal: spell it out (--signal=USR1), and put "
+                  f"sbatch's --signal=[B:]SIG@TIME in an #SBATCH line of the script", 2)
     if any(w == "--wrap" or w.startswith("--wrap=") for w in [*passthrough, script]):
         _fail("--wrap: malleable submit needs a batch script file as its last argument "
               "(write the command into a script)", 2)
@@ -543,7 +580,8 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
             _fail(f"{script}: no such file; the batch script ({earlier}?) must be the last "
                   f"argument: script arguments are not supported (pass them through the "
                   f"environment)", 2)
-    bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w)), None)
+    bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w) or _requests_size(w, "GN")),
+               None)
     if bad:
         _fail(f"{bad}: malleable submit sets the GPU request from the spec "
               f"(use --gpus MIN-MAX and --initial-gpus)", 2)

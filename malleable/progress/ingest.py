@@ -40,6 +40,7 @@ spool directory is opened once per call.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -143,7 +144,7 @@ class Cursors:
 
 _CHUNK = 500
 # The job-reported events of the jobs :ids, newest first per job (built once).
-_REPORTED_EVENTS = (select(JobEvent.job_id, JobEvent.detail)
+_REPORTED_EVENTS = (select(JobEvent.job_id, JobEvent.detail, JobEvent.time)
                     .where(JobEvent.job_id.in_(bindparam("ids", expanding=True)),
                            JobEvent.kind.in_(EVENT_KINDS))
                     .order_by(JobEvent.job_id, JobEvent.time.desc(), JobEvent.id.desc()))
@@ -152,24 +153,38 @@ _REPORTED_EVENTS = (select(JobEvent.job_id, JobEvent.detail)
 def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor | None]:
     latest = store.latest_samples(session, job_ids, 1)
     restarts: dict[int, int] = {}
-    for job_id, detail in store.run_core(session, _REPORTED_EVENTS, {"ids": job_ids}):
+    # The time of the newest accepted line: a run's time never goes back (decreasing_time),
+    # also across a daemon restart.
+    newest: dict[int, float] = {}
+    for job_id, detail, time in store.run_core(session, _REPORTED_EVENTS, {"ids": job_ids}):
         if job_id in restarts or not detail:
             continue
         try:
             restarts[job_id] = int(json.loads(detail).get("restart", 0))
         except (ValueError, TypeError, AttributeError):
             continue
+        newest[job_id] = _epoch(time)
     out: dict[int, Cursor | None] = {}
     for job_id in job_ids:
         restart = restarts.get(job_id, 0)
         rows = latest.get(job_id) or []
+        t = newest.get(job_id)
+        if rows:
+            t = max(t if t is not None else -math.inf, _epoch(rows[-1].time))
         if rows and rows[-1].restart is not None:
             restart = max(restart, int(rows[-1].restart))
         if rows:
-            out[job_id] = Cursor(restart, int(rows[-1].step), int(rows[-1].samples))
+            out[job_id] = Cursor(restart, int(rows[-1].step), int(rows[-1].samples), t)
         else:
-            out[job_id] = None if restart == 0 else Cursor(restart, 0, 0)
+            out[job_id] = None if restart == 0 else Cursor(restart, 0, 0, t)
     return out
+
+
+def _epoch(when) -> float:
+    """A stored time (aware, or naive UTC) as Unix seconds, less 1 us: stored times are
+    rounded to microseconds, and a line stamped exactly as the last one is in order."""
+    aware = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    return aware.timestamp() - 1e-6
 
 
 def _keep(before: dict[int, dict], job_id: int, pf: dict | None) -> None:

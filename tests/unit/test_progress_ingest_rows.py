@@ -86,3 +86,24 @@ def test_ingest_with_the_callers_rows_stores_the_same(tmp_path):
     assert tables(runs[True][0][1]) == tables(runs[False][0][1])
     for (engine, _), _ in runs.values():
         engine.dispose()
+
+
+def test_a_restarted_daemon_still_refuses_a_line_stamped_before_the_runs_last(tmp_path):
+    """The cursor a restarted daemon rebuilds from the store carries the newest accepted
+    line's time: a line stamped 40 s before it was accepted after a restart (a helper
+    on the harness), and rejected by a daemon that kept running."""
+    engine, Session = store_at(tmp_path / "m.db")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    path = spool / "1.jsonl"
+    path.write_bytes(line("1", 10) + line("1", 20, event="checkpointed", path="/c"))
+    ingest(Session, SpoolDir(spool), NOW, Cursors(), joined=False)
+    # The daemon restarts (new cursors); the job writes a line stamped before step 20's.
+    with open(path, "ab") as fh:
+        fh.write(line("1", 30, t=NOW.timestamp() - 100 + 15))
+        fh.write(line("1", 31, t=NOW.timestamp() - 100 + 20))   # as old as the last: in order
+    report = ingest(Session, SpoolDir(spool), NOW, Cursors(), joined=False)
+    assert report.rejected == {"decreasing_time": 1}
+    with Session() as s:
+        steps = [r.step for r in s.scalars(select(ProgressSample).order_by(ProgressSample.id))]
+    assert steps == [10, 31]

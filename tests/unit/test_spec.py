@@ -307,6 +307,8 @@ def test_a_spec_up_to_the_largest_integer_is_checked_without_listing_it():
     ("malleable:gpus=1-8 step=4 batch=32", "step"),
     ('notes malleable:gpus=1-8,grace=60  target_steps=500', "target_steps"),
     ("malleable:gpus=1-8 max_batch_size=512", "max_batch_size"),    # an alias of ours
+    ("malleable:gpus=1-8 nightly step=4", "step"),                  # further on
+    ("malleable:gpus=1-8 owner=ann step=4", "step"),
 ])
 def test_a_field_of_ours_after_a_blank_is_refused_not_dropped(text, field):
     """The spec ends at a blank: a field of ours after one would be silently dropped."""

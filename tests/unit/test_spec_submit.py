@@ -275,6 +275,7 @@ def test_target_epochs_without_samples_per_epoch_is_warned(tmp_path):
     ("--gpus=3", "#SBATCH --gpus=3: malleable submit sets the GPU request"),
     ("-G 2", "#SBATCH -G: malleable submit sets the GPU request"),
     ("--tres-per-task=gres/gpu:1", "#SBATCH --tres-per-task=gres/gpu:1: malleable submit"),
+    ("-vG2", "#SBATCH -vG2: malleable submit sets the GPU request"),   # a getopt bundle
 ])
 def test_a_scripts_directive_that_undoes_the_contract_is_refused(tmp_path, directive, message):
     """sbatch lets the command line override the script, but not across options: a
@@ -355,3 +356,53 @@ def test_largest_size_matches_the_listed_sizes():
         for g in (1, 2, 4, 8):
             sizes = [k for k in spec.allowed_gpus() if k <= g or k % g == 0]
             assert largest_size(spec, g) == max(sizes, default=0), (text, g)
+
+
+
+def test_sbatch_reads_a_directive_without_a_blank_and_not_an_indented_one(tmp_path):
+    """sbatch reads "#SBATCH--gpus=2" (a helper: it then carried two GPU requests), but
+    not "  #SBATCH --gpus=2", and an unquoted # ends the line even inside a word."""
+    script = tmp_path / "job.sh"
+
+    def submit(body: str):
+        script.write_text("#!/bin/bash\n#SBATCH --comment=malleable:gpus=1-2\n" + body + "true\n")
+        return CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4",
+                                         str(script)])
+    r = submit("#SBATCH--gpus=2\n")
+    assert r.exit_code == 2 and "#SBATCH --gpus=2: malleable submit sets the GPU" in r.output
+    assert submit("  #SBATCH --gpus=2\n").exit_code == 0
+    r = submit("#SBATCH --job-name=x#y --gpus=2\n")
+    assert r.exit_code == 0, r.output
+    assert script_directives(str(script))[-1] == "--job-name=x"
+
+
+def test_a_script_with_dos_line_breaks_is_refused_before_sbatch(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_bytes(b"#!/bin/bash\r\n#SBATCH --comment=malleable:gpus=1-2\r\ntrue\r\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 2 and "DOS line breaks" in r.output
+
+
+@pytest.mark.parametrize("args", [["-vG2"], ["-HN2"], ["-HG", "2"]])
+def test_bundled_short_options_cannot_request_the_size(tmp_path, args):
+    """getopt reads -vG2 as -v -G 2: it passed the refusal and the job carried two GPU
+    requests; -HN2 ran the job on 2 nodes (a helper on the harness)."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus", "1-4",
+                                  *args, str(script)])
+    assert r.exit_code == 2
+    assert f"{args[0]}: malleable submit sets the GPU request from the spec" in r.output
+
+
+@pytest.mark.parametrize("word", ["--sig=B:USR1@120", "--signa=USR2"])
+def test_an_abbreviated_signal_is_not_passed_to_sbatch(tmp_path, word):
+    """click leaves --sig to sbatch, which reads it as its own --signal, while the spec's
+    signal stayed USR1 (a helper)."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", "--gpus", "1-4",
+                                  word, str(script)])
+    assert r.exit_code == 2
+    assert f"{word}: sbatch would read it as its --signal; here --signal is the spec's " \
+        "checkpoint signal" in r.output
