@@ -332,7 +332,10 @@ def build_spec(comments: list[str | None], spec_text: str | None,
 def _fields_once(text: str, source: str) -> list[tuple[str, str]]:
     """`spec_fields` of one source (named in the error), refusing a key it gives twice
     (as `parse_spec` does)."""
-    pairs = spec_fields(text)
+    try:
+        pairs = spec_fields(text)
+    except SpecError as exc:
+        raise SpecError(f"{exc} (in {source})", field=exc.field, value=exc.value) from None
     seen: set[str] = set()
     for key, value in pairs:
         if key in seen:

@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from malleable.db import store
-from malleable.db.models import FINISHED_STATES, Action, Decision, ProgressSample, Target
+from malleable.db.models import FINISHED_STATES, Action, Decision, Job, ProgressSample, Target
 from malleable.mpl import pyplot
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.output import (
@@ -117,8 +117,14 @@ def build_job(s: Session, slurm_job_id: str, now: datetime, *,
     """
     job = store.get_job(s, slurm_job_id)
     if job is None:
+        tasks = [] if not slurm_job_id.isdigit() else list(s.scalars(
+            select(Job.slurm_job_id).where(Job.slurm_job_id.like(f"{slurm_job_id}\\_%",
+                                                                  escape="\\"))
+            .order_by(Job.id).limit(4)))
+        hint = ("; an array's tasks are shown one by one: "
+                + ", ".join(tasks[:3]) + (", ..." if len(tasks) > 3 else "")) if tasks else ""
         raise BadInput(f"job {slurm_job_id!r}: not in the state store (never seen by the daemon, "
-                       f"or pruned after [retention] finished_job_days)")
+                       f"or pruned after [retention] finished_job_days){hint}")
     events = store.job_events(s, job.id)
     actions = list(s.scalars(select(Action).where(Action.job_id == job.id).order_by(Action.id)))
     targets = s.execute(

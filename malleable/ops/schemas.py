@@ -252,7 +252,9 @@ JOB = _schema("malleable.job/1", "malleable job show",
         "policy": _t("string", "policy that decided"),
         "dry_run": _t("boolean", "the decision was not applied (dry run)"),
         "gpus": _t("integer", "target GPUs (0: not running)"),
-        "batch_size": _null("integer", "recommended global batch size"),
+        "batch_size": _null("integer", "the policy's global batch size at the target (the "
+                                       "spec's initial batch for a job that logs no gradient "
+                                       "statistics: its plan file then advises none)"),
         "reason": _t("string", "the policy's reason")})),
     "progress": _obj("its progress lines", {
         "lines_stored": _t("integer", "progress samples stored (after retention)"),
@@ -333,7 +335,9 @@ PLAN = _schema("malleable.plan/1", "malleable plan",
         "gpus": _t("integer", "GPUs it runs on (0 unless RUNNING)"),
         "requested_gpus": _null("integer", "GPUs a pending job asks for"),
         "target_gpus": _t("integer", "the policy's target (0: not running)"),
-        "batch_size": _null("integer", "recommended global batch size"),
+        "batch_size": _null("integer", "the policy's global batch size at the target (the "
+                                       "spec's initial batch for a job that logs no gradient "
+                                       "statistics: its plan file then advises none)"),
         "reason": _t("string", "the policy's reason")})),
     "actions": _arr("the actions the daemon would start, in order", _obj("an action", {
         "job_id": _t("string", "Slurm job id"),

@@ -834,3 +834,19 @@ def test_a_store_missing_a_table_is_one_error_line_not_a_traceback(run, built, t
     one_line_error(run("actions"), 2, "malleable actions: error: the state store could not be "
                    "read: no such table: actions (a damaged store, or one this malleable did "
                    "not make: `malleable db current` names its revision)")
+
+
+def test_job_show_of_an_array_id_names_its_tasks(built, run):
+    """`job show 25` for an array whose tasks are 25_0 and 25_1 said only "never seen"."""
+    from malleable.slurm.records import SlurmJob
+    eng = make_engine(built.url, create=False)
+    with session_factory(eng)() as s, s.begin():
+        store.upsert_jobs(s, [SlurmJob(job_id=f"25_{i}", job_id_num=26 + i, state=JobState.RUNNING,
+                                       uid=1000, user="alice") for i in range(2)], T0)
+    eng.dispose()
+    one_line_error(run("job", "show", "25"), 2,
+                   "job '25': not in the state store (never seen by the daemon, or pruned after "
+                   "[retention] finished_job_days); an array's tasks are shown one by one: "
+                   "25_0, 25_1")
+    r = run("job", "show", "2")        # 25_0 is not a task of 2
+    assert "array" not in r.output

@@ -320,6 +320,7 @@ def test_a_spec_split_by_blanks_in_the_script_is_refused(tmp_path):
     r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
     assert r.exit_code == 2
     assert "step=4: after a blank, outside the spec" in r.output
+    assert "(in the script's --comment)" in r.output
 
 
 def test_a_script_without_its_interpreter_line_is_refused_before_sbatch(tmp_path):
