@@ -303,6 +303,9 @@ class Daemon:
                                          unlisted_in=() if skipped else _ACTIVE_STATES,
                                          known=self.job_rows)
             self.inputs_cache.forget(upserted.resized)
+            for sid, error in upserted.spec_errors.items():   # (once: when first parsed)
+                job_logger(log, sid).warning("invalid malleable spec, left to Slurm as a "
+                                             "rigid job: %s", error)
             self._note_writers(jobs, upserted, now, complete=not skipped)
             if skipped:
                 log.warning("the poll skipped %d job record(s) it could not parse; no job is "

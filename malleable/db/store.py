@@ -113,7 +113,9 @@ class UpsertResult:
     of the jobs given; ``unlisted``: Slurm id -> jobs.id of the stored jobs in one of the
     ``unlisted_in`` states that were not given (empty if none were asked for);
     ``resized``: jobs.id of the jobs given a "size" or "restart" event; ``evented``:
-    jobs.id of the jobs given any event (new, state, size, restart, renamed)."""
+    jobs.id of the jobs given any event (new, state, size, restart, renamed);
+    ``spec_errors``: Slurm id -> the error of each spec parsed in this call (a new job,
+    or a changed comment) that is invalid."""
 
     new: int
     changed: int
@@ -122,6 +124,7 @@ class UpsertResult:
     unlisted: dict[str, int] = field(default_factory=dict)
     resized: frozenset[int] = frozenset()
     evented: frozenset[int] = frozenset()
+    spec_errors: dict[str, str] = field(default_factory=dict)
 
 
 def _parse(comment: str, parse_spec: SpecParser) -> tuple[dict | None, str | None]:
@@ -328,6 +331,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             else:
                 unlisted[row.slurm_job_id] = row.id
     new = changed = 0
+    spec_errors: dict[str, str] = {}
     events: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
     updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -378,6 +382,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             if parse_spec is not None and comment:
                 spec, error = _parse(sj.comment, parse_spec)
                 row.update(spec=spec, spec_error=error, malleable=spec is not None)
+                if error:
+                    spec_errors[sid] = error
             jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
             if known is not None:
@@ -402,6 +408,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         if parse_spec is not None and comment != job["spec_text"]:
             spec, error = _parse(sj.comment, parse_spec) if comment else (None, None)
             diff.update(spec=spec, spec_error=error, malleable=spec is not None)
+            if error:
+                spec_errors[sid] = error
         for attr, value in values.items():
             if job[attr] != value:
                 diff[attr] = value
@@ -427,7 +435,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         known.complete = bool(states) and (from_kept or read_states)
     resized = frozenset(e["job_id"] for e in events if e["kind"] in ("size", "restart"))
     return UpsertResult(new, changed, len(events), ids, unlisted, resized,
-                        frozenset(e["job_id"] for e in events))
+                        frozenset(e["job_id"] for e in events), spec_errors)
 
 
 def job_ids(session: Session, slurm_job_ids: Iterable[str]) -> dict[str, int]:

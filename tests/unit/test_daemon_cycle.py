@@ -557,3 +557,19 @@ def test_the_plan_advises_a_batch_size_only_from_gradient_statistics(tmp_path, g
         assert isinstance(plan["batch"], int) and plan["batch"] >= 512
     else:
         assert plan["batch"] is None
+
+
+def test_an_invalid_spec_is_logged_once_when_first_seen(tmp_path, caplog):
+    """The daemon said nothing about a job whose spec is invalid (it is left rigid): only
+    `job show` told (a helper). It warns once, when it first parses the spec."""
+    c = Cluster(tmp_path)
+    j = c.submit(1, 2, RigidJob(1e6), "malleable:gpus=1-8 step=4")
+    with caplog.at_level(logging.WARNING, logger="malleable"):
+        c.daemon.poll_cycle()
+        c.advance(30)
+        c.daemon.poll_cycle()
+    said = [r for r in caplog.records if "invalid malleable spec" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "left to Slurm as a rigid job: malleable spec: step=4: after a blank" in \
+        said[0].getMessage()
+    assert said[0].job == j
