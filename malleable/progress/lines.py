@@ -222,12 +222,12 @@ def check_order(record: ProgressRecord, last: Cursor | None, *,
     """Is ``record`` in order after the job's last accepted record?
 
     Rules: a lower restart count than ``last`` is STALE_RESTART; a higher one
-    starts a new run (any step and time); within a run ``t`` must not decrease
-    (DECREASING_TIME, unless ``check_time`` is False: a line stamped before the
-    last one would put the run's throughput intervals out of order); a
-    ``started`` event may go back in step (reloaded from an older checkpoint);
-    otherwise step and samples must not decrease (DECREASING_STEP,
-    DECREASING_SAMPLES).
+    starts a new run (any step and time); a ``started`` event may go back in
+    step (reloaded from an older checkpoint), otherwise step and samples must
+    not decrease (DECREASING_STEP, DECREASING_SAMPLES); and within a run ``t``
+    must not decrease (DECREASING_TIME, checked last, and not if ``check_time``
+    is False: a line stamped before the last one would put the run's
+    throughput intervals out of order).
 
     Returns:
         None if in order, else the `Rejection`.
@@ -236,15 +236,15 @@ def check_order(record: ProgressRecord, last: Cursor | None, *,
         return None
     if record.restart < last.restart:
         return Rejection(Reason.STALE_RESTART, f"restart={record.restart} < {last.restart}")
+    if record.event != "started":
+        if record.step < last.step:
+            return Rejection(Reason.DECREASING_STEP, f"step={record.step} < {last.step}")
+        if record.samples < last.samples:
+            return Rejection(Reason.DECREASING_SAMPLES,
+                             f"samples={record.samples} < {last.samples}")
     if check_time and last.t is not None and record.t < last.t:
         return Rejection(Reason.DECREASING_TIME,
                          f"t={record.t:.3f} < {last.t:.3f}, the run's last line")
-    if record.event == "started":
-        return None
-    if record.step < last.step:
-        return Rejection(Reason.DECREASING_STEP, f"step={record.step} < {last.step}")
-    if record.samples < last.samples:
-        return Rejection(Reason.DECREASING_SAMPLES, f"samples={record.samples} < {last.samples}")
     return None
 
 
