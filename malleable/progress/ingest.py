@@ -168,23 +168,21 @@ def _cursors_from_db(session: Session, job_ids: list[int]) -> dict[int, Cursor |
     for job_id in job_ids:
         restart = restarts.get(job_id, 0)
         rows = latest.get(job_id) or []
-        t = newest.get(job_id)
-        if rows:
-            t = max(t if t is not None else -math.inf, _epoch(rows[-1].time))
-        if rows and rows[-1].restart is not None:
-            restart = max(restart, int(rows[-1].restart))
-        if rows:
-            out[job_id] = Cursor(restart, int(rows[-1].step), int(rows[-1].samples), t)
-        else:
-            out[job_id] = None if restart == 0 else Cursor(restart, 0, 0, t)
+        if not rows:
+            out[job_id] = None if restart == 0 else Cursor(restart, 0, 0, newest.get(job_id))
+            continue
+        last = rows[-1]
+        if last.restart is not None:
+            restart = max(restart, int(last.restart))
+        t = max(newest.get(job_id, -math.inf), _epoch(last.time))
+        out[job_id] = Cursor(restart, int(last.step), int(last.samples), t)
     return out
 
 
-def _epoch(when) -> float:
-    """A stored time (aware, or naive UTC) as Unix seconds, less 1 us: stored times are
-    rounded to microseconds, and a line stamped exactly as the last one is in order."""
-    aware = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-    return aware.timestamp() - 1e-6
+def _epoch(when: datetime) -> float:
+    """A stored (aware) time as Unix seconds, less 1 us: stored times are rounded to
+    microseconds, and a line stamped exactly as the last one is in order."""
+    return when.timestamp() - 1e-6
 
 
 def _keep(before: dict[int, dict], job_id: int, pf: dict | None) -> None:
