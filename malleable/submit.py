@@ -62,9 +62,6 @@ _SPEC_OPTIONS = {
     "metric_goal": "metric_goal", "batch": "batch", "max_batch": "max_batch",
     "max_local_batch": "max_local_batch", "model": "model", "restart_cost": "restart_cost",
 }
-# sbatch options that would fight the size the spec sets.
-_SIZE_OPTIONS = re.compile(r"^(-G|-N|--nodes|--gres|--gpus|--gpus-per-node|--gpus-per-task|"
-                           r"--gpus-per-socket|--tres-per-node)(=.*)?$|^-[GN].+$")
 # sbatch reads a line that starts with "#SBATCH" in its first column, with or without a
 # blank before the options ("#SBATCH--gpus=2" too).
 _SBATCH_LINE = re.compile(r"^#SBATCH(.*)$")
@@ -180,7 +177,6 @@ def full_option_names(words: list[str]) -> list[str]:
     return out
 
 
-
 def contract_conflict(words: list[str]) -> str | None:
     """Why one of these sbatch option words would undo the job contract, or None.
 
@@ -241,16 +237,22 @@ def _bundled(word: str) -> list[str]:
     return out
 
 
-def _requests_size(word: str, letters: str) -> bool:
-    """Whether a bundle of short options holds one of ``letters`` (e.g. "GN")."""
-    return any(o[1] in letters for o in _bundled(word))
+# sbatch options that would fight the size the spec sets: GPU requests (also -G), and the
+# node count and --gres (also -N) that submit passes itself. In a script only the
+# first are refused: the command line's --nodes and --gres replace the script's own,
+# while sbatch keeps the others beside them.
+_GPU_OPTIONS = frozenset(("--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket",
+                          "--tres-per-node"))
+_SUBMITS_OWN = frozenset(("--nodes", "--gres"))
 
 
-# GPU requests a script may not make: sbatch keeps them beside the command line's
-# --gres (a different option), where the command line's --nodes and --gres replace
-# the script's own.
-_SCRIPT_SIZE_OPTIONS = re.compile(r"^(-G|--gpus|--gpus-per-node|--gpus-per-task|"
-                                  r"--gpus-per-socket|--tres-per-node)(=.*)?$|^-G.+$")
+def _requests_size(word: str, in_script: bool = False) -> bool:
+    """Whether an sbatch option word sets the job's size (see `_GPU_OPTIONS`); short
+    options are read as getopt reads a bundle (``-vG2`` holds -G)."""
+    name = word.split("=", 1)[0]
+    if name in _GPU_OPTIONS or (not in_script and name in _SUBMITS_OWN):
+        return True
+    return any(o[1] in ("G" if in_script else "GN") for o in _bundled(word))
 
 
 def script_conflict(words: list[str]) -> str | None:
@@ -269,8 +271,7 @@ def script_conflict(words: list[str]) -> str | None:
     Returns:
         One line naming the option and its value, or None if none conflicts.
     """
-    bad = next((w for w in words if _SCRIPT_SIZE_OPTIONS.match(w) or _requests_size(w, "G")),
-               None)
+    bad = next((w for w in words if _requests_size(w, in_script=True)), None)
     if bad:
         return (f"#SBATCH {bad}: malleable submit sets the GPU request from the spec "
                 f"(use --gpus MIN-MAX and --initial-gpus, or the spec's gpus=)")
@@ -457,6 +458,10 @@ class _SubmitCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
+# Where sbatch's own --signal goes, for the two refusals that meet it on the command line.
+_SBATCH_SIGNAL = "sbatch's --signal=[B:]SIG@TIME goes in an #SBATCH line of the script"
+
+
 def _repeated_options(cmd: click.Command, words: list[str]) -> list[tuple[str, int]]:
     """Our value options given more than once, anywhere on the command line (click reads
     them after the script too), up to ``--``: (name, times). An option's value word is
@@ -559,7 +564,7 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     signal = options.get("signal")
     if signal and any(c in signal for c in "@:"):
         _fail(f"--signal={signal}: here the spec's checkpoint signal (e.g. USR1); "
-              f"sbatch's --signal=[B:]SIG@TIME goes in an #SBATCH line of the script", 2)
+              f"{_SBATCH_SIGNAL}", 2)
     script = args[-1]
     try:   # sbatch's abbreviations spelled out before any check reads an option
         passthrough = full_option_names(list(args[:-1]))
@@ -569,8 +574,8 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
         if spelled == "--signal" or spelled.startswith("--signal="):
             # (click left it to sbatch: it reads an abbreviation as its own --signal)
             _fail(f"{given}: sbatch would read it as its --signal; here --signal is the "
-                  f"spec's checkpoint signal: spell it out (--signal=USR1), and put "
-                  f"sbatch's --signal=[B:]SIG@TIME in an #SBATCH line of the script", 2)
+                  f"spec's checkpoint signal: spell it out (--signal=USR1); "
+                  f"{_SBATCH_SIGNAL}", 2)
     if any(w == "--wrap" or w.startswith("--wrap=") for w in [*passthrough, script]):
         _fail("--wrap: malleable submit needs a batch script file as its last argument "
               "(write the command into a script)", 2)
@@ -583,8 +588,7 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
             _fail(f"{script}: no such file; the batch script ({earlier}?) must be the last "
                   f"argument: script arguments are not supported (pass them through the "
                   f"environment)", 2)
-    bad = next((w for w in passthrough if _SIZE_OPTIONS.match(w) or _requests_size(w, "GN")),
-               None)
+    bad = next((w for w in passthrough if _requests_size(w)), None)
     if bad:
         _fail(f"{bad}: malleable submit sets the GPU request from the spec "
               f"(use --gpus MIN-MAX and --initial-gpus)", 2)
