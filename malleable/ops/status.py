@@ -356,9 +356,9 @@ def render_status(doc: dict) -> str:
             lines.append("~ no declared target: remaining work from finished jobs' sizes or "
                          "the default; it grows while the job runs")
         if any(_goodput_guessed(j) for j in doc["jobs"]):
-            lines.append("~ no throughput measured yet and no finished job like it (same model, else "
-                         "same name and user): "
-                         "the cluster's default goodput, a guess")
+            lines.append("~ no throughput measured yet and no finished job like it (same "
+                         "model, else same name and user): the cluster's default goodput, "
+                         "a guess")
         if any(_wait_unknown(j) for j in doc["jobs"]):
             lines.append("> pending, and Slurm gives no expected start: the run time alone, "
                          "its wait in the queue comes on top")

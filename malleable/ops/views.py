@@ -261,8 +261,9 @@ def remaining_basis(bits: int | None) -> str | None:
 def goodput_basis(bits: int | None) -> str | None:
     """What an estimate's goodput rests on, by its flag bits: ``fit`` (the job's own
     throughput), ``finished_jobs`` (no usable throughput yet: the prior from finished
-    jobs like it: same model, else same name and user) or ``default`` (no usable throughput and no such prior: the
-    cluster's default, a guess); None without an estimate or flags."""
+    jobs like it: same model, else same name and user) or ``default`` (no usable
+    throughput and no such prior: the cluster's default, a guess); None without an
+    estimate or flags."""
     if not bits:
         return None
     if not int(bits) & (EstimateFlags.NO_SAMPLES | EstimateFlags.FIT_FAILED):

@@ -10,14 +10,15 @@ A shell, Julia or C++ job calls it between training steps::
 Each call appends one line to the job's progress file exactly as
 `malleable.progress.reporter.Reporter` does (same environment variables, same
 format, made by `Reporter.format_line`). ``--batch`` is remembered from the last
-accepted line of the file (before ``MALLEABLE_BATCH_SIZE``), so it need only be given once; ``checkpointed`` and
-``finished`` default to that line's step and samples ("accepted": as the daemon's
-`LineValidator` judges the file, so a line it rejects sets no default). Before it
-is written, the line is checked as the daemon will check it, by that validator
-fed the file's last 64 KiB: a line it would reject (a value out of range, longer
-than 4096 bytes, a step or samples below this run's last accepted line, a restart
-count below one already in the file) is refused. Only the line's time ``t`` is
-not judged (``future_time``, ``decreasing_time``): the job's node has its own clock. Exit codes: 0
+accepted line of the file (before ``MALLEABLE_BATCH_SIZE``), so it need only be
+given once; ``checkpointed`` and ``finished`` default to that line's step and
+samples ("accepted": as the daemon's `LineValidator` judges the file, so a line it
+rejects sets no default). Before it is written, the line is checked as the daemon
+will check it, by that validator fed the file's last 64 KiB: a line it would
+reject (a value out of range, longer than 4096 bytes, a step or samples below this
+run's last accepted line, a restart count below one already in the file) is
+refused. Only the line's time ``t`` is not judged (``future_time``,
+``decreasing_time``): the job's node has its own clock. Exit codes: 0
 written, 1 the line could not be written (the reason is printed), 2 bad input or
 a line the daemon would reject (one line naming the option, its value and the
 reason; nothing is written).
