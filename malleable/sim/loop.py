@@ -69,7 +69,8 @@ the same decisions with and without it):
   ``decide_cycles`` and ``decisions`` in the summary are smaller (the skipped
   decide ticks are in ``CycleStats.skipped_decides``). A trace with idle
   stretches (a site's nights, a sparse log) no longer costs a cycle a minute
-  through them.
+  through them. When the next arrival comes after ``--max-time``, housekeeping
+  too moves to its last tick before the end of the run (`_ServiceClock._jump_if_idle`).
 """
 
 from __future__ import annotations
@@ -264,10 +265,19 @@ class _ServiceClock:
 
     def _jump_if_idle(self) -> None:
         """Move the poll, ingest and decide series to their first tick at or after the
-        time ``idle_until`` gives (on the same grid, whole periods), if it gives one."""
+        time ``idle_until`` gives (on the same grid, whole periods), if it gives one.
+
+        If that time is past the end of the run (its next arrival comes after
+        ``until``), the store changes no more but by retention, whose deletions by
+        age the last tick at or before ``until`` makes alone: housekeeping moves
+        to that tick too (its thinning of progress samples and estimates keeps
+        other rows than hourly runs would; nothing reads them after the run)."""
         t = self.idle_until() if self.idle_until is not None else None
         if t is None:
             return
+        if t > self.until and "housekeeping" in self.periods:
+            last = math.floor((self.until + 1e-9) / self.periods["housekeeping"])
+            self.k["housekeeping"] = max(self.k["housekeeping"], last)
         t = min(t, self.until)   # (no tick is run or counted past the end of the run)
         for name in self.JUMPING:
             if self._due(name) < t - 1e-9:

@@ -176,3 +176,25 @@ def test_an_idle_stretch_is_passed_over_with_the_same_jobs_and_decisions():
     assert fast.summary["decide_cycles"] + fast.cycles.skipped_decides == \
         full.summary["decide_cycles"]
     assert fast.summary["decisions_sha256"] == full.summary["decisions_sha256"]
+
+
+def test_an_arrival_after_the_end_of_the_run_skips_the_housekeeping_in_between():
+    # The second job arrives long after --max-time: after the first one, the run is idle to
+    # its end; retention's deletions by age are the last tick's alone.
+    jobs = [TraceJob("ncf-a", 0.0, 1, model="ncf", batch_size=32768),
+            TraceJob("ncf-b", 60 * 3600.0, 1, model="ncf", batch_size=32768)]
+
+    def go(skip: bool):
+        opts = SimOptions(nodes=2, gpus_per_node=4, restart_cost_s=30.0, skip_idle=skip,
+                          setup=setup_for("pollux"), max_time_s=20 * 3600.0)
+        return run_simulation(jobs, config("pollux"), opts)
+
+    fast, full = go(True), go(False)
+    assert not fast.finished and not full.finished
+    assert fast.outcomes == full.outcomes
+    assert fast.sim_s == full.sim_s == 20 * 3600.0
+    counts = ("decide_cycles", "decisions")
+    assert {k: v for k, v in fast.summary.items() if k not in counts} == \
+        {k: v for k, v in full.summary.items() if k not in counts}
+    assert full.cycles.housekeeping == 20
+    assert fast.cycles.housekeeping == 1   # (the last tick before the end alone)
