@@ -506,7 +506,9 @@ def _outcomes(outcomes: list[JobOutcome], prepared: list[PreparedJob]) -> list[J
 def _counters(sessions, stats: CycleStats, finished: bool) -> dict[str, object]:
     """Deterministic counters of the daemon's work: cycles, decisions, actions by outcome,
     and ``decisions_sha256``, a hash of every recorded target (decision time, job, GPUs,
-    batch) in decision order: two runs that decided alike have the same hash."""
+    batch) in decision order: two runs that decided alike have the same hash. Of the
+    targets the store holds at the end: retention (``finished_job_days``) has pruned
+    older decisions and finished jobs, as it does on a cluster."""
     h = hashlib.sha256()
     with sessions() as s:
         decisions = int(s.scalar(select(func.count()).select_from(Decision)) or 0)
