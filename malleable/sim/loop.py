@@ -267,15 +267,15 @@ class _ServiceClock:
         """Move the poll, ingest and decide series to their first tick at or after the
         time ``idle_until`` gives (on the same grid, whole periods), if it gives one.
 
-        If that time is past the end of the run (its next arrival comes after
-        ``until``), the store changes no more but by retention, whose deletions by
-        age the last tick at or before ``until`` makes alone: housekeeping moves
-        to that tick too (its thinning of progress samples and estimates keeps
-        other rows than hourly runs would; nothing reads them after the run)."""
+        If that time is past the end of the run (the next arrival comes after
+        ``until``), only retention would still change the store, and what it deletes
+        by age the last tick at or before ``until`` deletes alone: housekeeping
+        moves to that tick too. (Its thinning of progress samples and estimates
+        keeps other rows than hourly runs would; nothing reads them after the run.)"""
         t = self.idle_until() if self.idle_until is not None else None
         if t is None:
             return
-        if t > self.until and "housekeeping" in self.periods:
+        if t > self.until:
             last = math.floor((self.until + 1e-9) / self.periods["housekeeping"])
             self.k["housekeeping"] = max(self.k["housekeeping"], last)
         t = min(t, self.until)   # (no tick is run or counted past the end of the run)
