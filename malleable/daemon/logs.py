@@ -8,6 +8,12 @@ one); in a terminal lines start with an ISO timestamp instead. Every line has
 
 Use `job_logger(logger, job_id)` (a LoggerAdapter) or pass
 ``extra={"job": id}``.
+
+A message can quote what users chose (a job's comment in "invalid malleable
+spec", Slurm's refusal of a change), so the formatter writes each message
+through `malleable.safe_text.safe_text`: an escape sequence or a line break in
+it shows as ``\x1b`` or ``\n`` and cannot fake or hide a line. A traceback
+after the message keeps its lines.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
+from malleable.safe_text import safe_text
 
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
              logging.CRITICAL: 2}
@@ -37,6 +45,15 @@ class _Defaults(logging.Filter):
 
 
 _STATE: dict = {}
+
+
+class _SafeFormatter(logging.Formatter):
+    """A `logging.Formatter` whose message part goes through `safe_text` (one line,
+    nothing a terminal acts on); the traceback after it, if any, is left as it is."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = safe_text(record.message)
+        return super().formatMessage(record)
 
 
 class _NotSkipped(logging.Filter):
@@ -69,7 +86,7 @@ def setup_logging(level: str = "INFO", stream=None, journald: bool | None = None
            if journald else
            "%(asctime)s %(levelname)s cycle=%(cycle)s job=%(job)s %(name)s: %(message)s")
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(logging.Formatter(fmt))
+    handler.setFormatter(_SafeFormatter(fmt))
     handler.addFilter(_Defaults(_STATE))
     root = logging.getLogger("malleable")
     for h in list(root.handlers):

@@ -35,6 +35,7 @@ from malleable.ops.output import (
     handle_errors,
     iso,
     json_option,
+    safe_text,
     store_options,
     table,
 )
@@ -272,8 +273,10 @@ def plot_curve(doc: dict, path: str) -> str:
         ax.set_xlabel("GPUs")
         ax.set_ylabel("goodput (samples at m0 per second)")
         est = doc["estimate"] or {}
-        ax.set_title(f"job {j['job_id']} ({j['name']}): fitted speedup, estimate "
-                     f"{(est.get('time') or '').replace('T', ' ')}", fontsize=9)
+        # The name is the job owner's text: no mathtext (a "$\foo$" failed the plot).
+        ax.set_title(f"job {safe_text(j['job_id'])} ({safe_text(j['name'])}): fitted speedup, "
+                     f"estimate {(est.get('time') or '').replace('T', ' ')}", fontsize=9,
+                     parse_math=False)
         ax.set_xticks(ks)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -324,23 +327,26 @@ def render_job(doc: dict) -> str:
     j, sp, pr = doc["job"], doc["spec"], doc["progress"]
     size = (f"{j['gpus']} GPUs ({j['nodes']} node(s) x {j['gpus_per_node']})"
             if j["gpus"] else "no GPUs")
-    out = [f"job {j['job_id']} ({j['name']}, user {j['user']}, partition {j['partition']}): "
-           f"{j['state']}{' (held)' if j['held'] else ''}"
-           f"{', reason ' + j['reason'] if j['reason'] and j['state'] == 'PENDING' else ''}"
-           f", {size}",
-           f"spec:      {sp['text'] or '-'}" + (f"  [INVALID: {sp['error']}]" if sp["error"]
-                                                 else ""),
+    reason = (f", reason {safe_text(j['reason'])}" if j["reason"] and j["state"] == "PENDING"
+              else "")
+    # Name, user, comment (the spec), ...: anyone's text, one line each (`safe_text`).
+    out = [f"job {safe_text(j['job_id'])} ({safe_text(j['name'])}, user {safe_text(j['user'])}, "
+           f"partition {safe_text(j['partition'])}): "
+           f"{safe_text(j['state'])}{' (held)' if j['held'] else ''}{reason}, {size}",
+           f"spec:      {safe_text(sp['text'] or '-')}"
+           + (f"  [INVALID: {safe_text(sp['error'])}]" if sp["error"] else ""),
            f"times:     arrived {j['arrival_time'] or '-'}, {_start_text(j)}"
            f"{_end_text(j)}; restarts {j['restart_count']}; attained "
            f"{fmt_number((j['attained_gpu_s'] or 0) / 3600, 'GPU-h')}"]
     tp = pr["throughput"]
     last = pr["last"]
-    rej = ", ".join(f"{k} {v}" for k, v in sorted(pr["rejected"].items())) or "none"
+    rej = ", ".join(f"{safe_text(k)} {v}" for k, v in sorted(pr["rejected"].items())) or "none"
     out.append(f"progress:  {pr['lines_stored']} lines stored ({pr['lines_accepted']} accepted, "
                f"rejected: {rej})")
     if pr.get("expected_file"):
         out.append(f"           no progress file read yet: the daemon reads "
-                   f"{pr['expected_file']} (the job writes to $MALLEABLE_SPOOL/<job>.jsonl)")
+                   f"{safe_text(pr['expected_file'])} (the job writes to "
+                   f"$MALLEABLE_SPOOL/<job>.jsonl)")
     if last is not None:
         out.append(f"           last: step {last['step']}, {last['samples']:,} samples, "
                    f"{last['gpus']} GPUs, batch {last['batch_size']} at "
@@ -380,7 +386,7 @@ def render_job(doc: dict) -> str:
                         "-" if p["speedup"] is None else f"{p['speedup']:.2f}", p["batch_size"])
                        for p in c["points"]], right=(0, 1, 2, 3, 4))]
     if doc["plot"]:
-        out.append(f"plot:      {doc['plot']}")
+        out.append(f"plot:      {safe_text(doc['plot'])}")
     out += ["", "history:", table(["TIME", "EVENT"], [(ev["time"], _event(ev))
                                                       for ev in doc["events"]])]
     out += ["", "actions:" if doc["actions"] else "actions:  none"]

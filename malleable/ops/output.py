@@ -5,6 +5,16 @@ schema, `malleable.ops.schemas`) and hands it to `emit` with a function that
 renders the same document as text; ``--json`` prints the document instead.
 So the table and the JSON are two views of one result and cannot disagree.
 
+Text for a terminal: job names, comments, users and other strings from Slurm
+or the store are anyone's to choose, so every such string is passed through
+`safe_text` before it is printed (control characters, e.g. an escape sequence
+or a line break that fakes a table row, and bidirectional overrides become
+visible escapes such as ``\\x1b``). `table` does it for every cell, the text
+views for the values they put in their own lines, and `emit` and `fail` once
+more for whatever they print (all but the view's own line breaks). The JSON
+documents keep every string exactly; `dumps` writes each control character in
+them (C1 too) as a JSON ``\\u`` escape, and other characters as they are.
+
 Errors: raise `BadInput` (exit 2), `Refused` or `Failed` (exit 1); the
 `handle_errors` decorator also turns the configuration's, the store's and the
 Slurm port's errors into one line ``malleable CMD: error: MESSAGE`` on
@@ -28,6 +38,7 @@ from malleable.clitypes import one_line
 from malleable.config import ConfigError
 from malleable.db.cli import store_options  # noqa: F401  (re-exported for the commands)
 from malleable.db.errors import StoreError
+from malleable.safe_text import safe_text  # noqa: F401  (re-exported for the commands)
 from malleable.slurm.client import SlurmError
 
 
@@ -60,7 +71,7 @@ def fail(message: str, code: int) -> None:
     multi-line message, e.g. a Slurm command's stderr, joined by "; "), and exit with
     ``code``."""
     ctx = click.get_current_context()
-    click.echo(f"{ctx.command_path}: error: {one_line(message)}", err=True)
+    click.echo(f"{ctx.command_path}: error: {safe_text(one_line(message))}", err=True)
     ctx.exit(code)
 
 
@@ -99,14 +110,33 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         help="Print one JSON document (schema: docs/cli-json.md).")(fn)
 
 
+# JSON escapes U+0000-U+001F itself but leaves DEL and the C1 controls raw (U+009B is a
+# CSI, which starts an escape sequence in some terminals); they can only be in strings.
+_JSON_RAW_CONTROLS = re.compile("[\x7f-\x9f]")
+
+
 def dumps(doc: dict) -> str:
-    """The JSON text of a result document (UTF-8, indented, keys in build order)."""
-    return json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
+    """The JSON text of a result document (UTF-8, indented, keys in build order).
+
+    Args:
+        doc: a result document (JSON values only; no NaN or infinity).
+
+    Returns:
+        The JSON text; every control character, DEL and C1 included, as a ``\\u``
+        escape, so the text holds none raw and parses to exactly ``doc``.
+    """
+    text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
+    return _JSON_RAW_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def emit(doc: dict, as_json: bool, render: Callable[[dict], str]) -> None:
-    """Print ``doc`` as JSON, or as the text ``render(doc)`` returns."""
-    click.echo(dumps(doc) if as_json else render(doc).rstrip("\n"))
+    """Print ``doc`` as JSON (exactly, `dumps`), or as the text ``render(doc)`` returns,
+    each of its lines through `safe_text` (a value a view left unescaped can still not
+    reach the terminal raw; only its line breaks are the view's own)."""
+    if as_json:
+        click.echo(dumps(doc))
+        return
+    click.echo("\n".join(safe_text(line) for line in render(doc).rstrip("\n").split("\n")))
 
 
 # ---------------------------------------------------------------- values
@@ -174,7 +204,6 @@ def parse_since(text: str, now: datetime) -> datetime:
 
 # ---------------------------------------------------------------- text
 
-
 def fmt_duration(seconds: float | None) -> str:
     """A duration for people: "45 s", "12 min", "3 h 05 min", "2 d 4 h"; "-" for None."""
     if seconds is None or not math.isfinite(seconds):
@@ -213,8 +242,9 @@ def fmt_number(x: float | None, unit: str = "") -> str:
 
 
 def fmt_params(params: dict | None) -> str:
-    """Policy parameters as ``key=value`` words (values as JSON), "" when none."""
-    return " ".join(f"{k}={json.dumps(v)}" for k, v in sorted((params or {}).items()))
+    """Policy parameters as ``key=value`` words (values as JSON, keys through
+    `safe_text`), "" when none."""
+    return " ".join(f"{safe_text(k)}={json.dumps(v)}" for k, v in sorted((params or {}).items()))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
@@ -223,14 +253,16 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
 
     Args:
         headers: column titles.
-        rows: cells (converted with ``str``; None shows as "-").
+        rows: cells (converted with ``str`` and made safe with `safe_text`, so that a
+            cell is one line that moves no cursor; None shows as "-").
         right: indexes of right-aligned (numeric) columns.
 
     Returns:
         The lines joined with newlines (no trailing newline); only the header when
         there are no rows.
     """
-    cells = [[("-" if c is None else str(c)) for c in r] for r in rows]
+    headers = [safe_text(h) for h in headers]
+    cells = [[("-" if c is None else safe_text(c)) for c in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in cells:
         for i, c in enumerate(r):

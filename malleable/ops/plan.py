@@ -51,6 +51,7 @@ from malleable.ops.output import (
     handle_errors,
     iso,
     json_option,
+    safe_text,
     store_options,
     table,
 )
@@ -188,7 +189,8 @@ def build_plan(config: Config, st: Store, slurm: SlurmClient, now: datetime) -> 
 def render_plan(doc: dict) -> str:
     """The text view of a ``malleable.plan/1`` document."""
     p, c = doc["policy"], doc["capacity"]
-    pol = p["name"] + (f" (= {p['resolved']})" if p["resolved"] != p["name"] else "")
+    pol = safe_text(p["name"]) + (f" (= {safe_text(p['resolved'])})"
+                                  if p["resolved"] != p["name"] else "")
     pol = f"{pol} {fmt_params(p['params'])}".rstrip()
     out = [f"plan of policy {pol} (set by {p['source']}) at {doc['generated_at']}: "
            f"{c['free_gpus']} GPUs for malleable jobs on {c['nodes']} nodes of "
@@ -218,24 +220,26 @@ def render_plan(doc: dict) -> str:
         if doc[key]:
             out += ["", f"{title}:"] + _reason_lines(doc[key])
     if doc["warnings"]:
-        out += ["", "warnings:"] + [f"  {w}" for w in doc["warnings"]]
+        # The daemon code's log lines, which quote e.g. a job's invalid spec (its comment).
+        out += ["", "warnings:"] + [f"  {safe_text(w)}" for w in doc["warnings"]]
     return "\n".join(out)
 
 
 def _reason_lines(rows: list[dict], show: int = 10) -> list[str]:
     """One line per job, but jobs that share a reason with more than ``show`` others
     (e.g. the waiting jobs beyond the queue depth) as one line: their count, the first
-    ``show`` ids, the reason."""
+    ``show`` ids, the reason; ids and reasons through `safe_text`."""
     by_reason: dict[str, list[str]] = {}
     for x in rows:
         by_reason.setdefault(x["reason"], []).append(x["job_id"])
     out = []
     for x in rows:
         ids = by_reason[x["reason"]]
+        reason = safe_text(x["reason"])
         if len(ids) <= show + 1:
-            out.append(f"  {x['job_id']}: {x['reason']}")
+            out.append(f"  {safe_text(x['job_id'])}: {reason}")
         elif ids[0] == x["job_id"]:
-            out.append(f"  {len(ids)} jobs ({', '.join(ids[:show])}, ...): {x['reason']}")
+            out.append(f"  {len(ids)} jobs ({safe_text(', '.join(ids[:show]))}, ...): {reason}")
     return out
 
 

@@ -45,6 +45,7 @@ from malleable.ops.output import (
     handle_errors,
     iso,
     json_option,
+    safe_text,
     store_options,
     table,
 )
@@ -179,7 +180,8 @@ def show_doc(s, config, where: str) -> dict:
 
 def render_show(doc: dict) -> str:
     """The text view of a ``malleable.policy/1`` document."""
-    head = doc["name"] + (f" (= {doc['resolved']})" if doc["resolved"] != doc["name"] else "")
+    head = safe_text(doc["name"]) + (f" (= {safe_text(doc['resolved'])})"
+                                     if doc["resolved"] != doc["name"] else "")
     if doc["changed"] is not None:
         # `set` leaves the operator as the source; only `reset` returns it to the config.
         verb = ("unchanged" if not doc["changed"] else
@@ -189,15 +191,16 @@ def render_show(doc: dict) -> str:
             else " (already in force: nothing to do)")
     else:
         first = f"policy: {head} {fmt_params(doc['params'])}".rstrip()
-    src = ("set by " + (doc.get("set_by") or "an operator")
+    src = ("set by " + safe_text(doc.get("set_by") or "an operator")
            + (f" at {doc['set_at']}" if doc["set_at"] else "")
            if doc["source"] == "operator"
-           else f"from the configuration ({doc['config']['source']})")
+           else f"from the configuration ({safe_text(doc['config']['source'])})")
     lines = [first, f"source: {src}"]
     if doc["effective_params"] is not None:
         lines.append(f"parameters in effect: {fmt_params(doc['effective_params']) or 'none'}")
     if doc["problem"]:
-        lines.append(f"PROBLEM: {doc['problem']}; {policy_problem_effect(doc['source'])}")
+        lines.append(f"PROBLEM: {safe_text(doc['problem'])}; "
+                     f"{policy_problem_effect(doc['source'])}")
     h = doc["hysteresis"]
     lines.append(f"hysteresis ([policy] in the configuration): min_gain {h['min_gain']}, "
                  f"cooldown_s {h['cooldown_s']}")

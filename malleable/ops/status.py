@@ -46,6 +46,7 @@ from malleable.ops.output import (
     handle_errors,
     iso,
     json_option,
+    safe_text,
     store_options,
     table,
 )
@@ -312,21 +313,23 @@ def render_status(doc: dict) -> str:
     if d["health"] == "absent":
         health = "absent: no daemon holds the lease (none running?)"
     else:
-        health = (f"{d['health']}: {d['holder']}, heartbeat "
+        health = (f"{d['health']}: {safe_text(d['holder'])}, heartbeat "
                   f"{fmt_duration(d['heartbeat_age_s'])} ago (lease timeout "
                   f"{fmt_duration(d['lease_timeout_s'])})"
                   + ("; its process is gone (killed without releasing the lease)"
                      if d["holder_gone"] else ""))
     p = doc["policy"]
-    pol = p["name"] + (f" (= {p['resolved']})" if p["resolved"] != p["name"] else "")
+    pol = safe_text(p["name"]) + (f" (= {safe_text(p['resolved'])})"
+                                  if p["resolved"] != p["name"] else "")
     pol += f" {fmt_params(p['params'])}".rstrip() + f", set by {p['source']}"
     dec = doc["last_decision"]
     if doc["policy_problem"]:
-        pol += f" -- PROBLEM: {doc['policy_problem']}; {policy_problem_effect(p['source'])}"
+        pol += (f" -- PROBLEM: {safe_text(doc['policy_problem'])}; "
+                f"{policy_problem_effect(p['source'])}")
     elif dec is not None and dec["policy"] != p["resolved"]:
         # A file edited but not reloaded, or a policy set since the latest decision.
-        pol += f" (the latest decision ran {dec['policy']})"
-    mode = ("PAUSED" + (f" by {doc['paused_by']}" if doc.get("paused_by") else "")
+        pol += f" (the latest decision ran {safe_text(dec['policy'])})"
+    mode = ("PAUSED" + (f" by {safe_text(doc['paused_by'])}" if doc.get("paused_by") else "")
             + ": the daemon observes and plans but starts no action (malleable resume)"
             if doc["paused"] else "acting")
     if dec is not None and dec["dry_run"]:
@@ -336,7 +339,7 @@ def render_status(doc: dict) -> str:
         f"policy:        {pol}",
         f"mode:          {mode}",
         "last decision: " + ("none" if dec is None else
-                             f"{fmt_when(dec['time'], dec['age_s'])}, {dec['policy']}, "
+                             f"{fmt_when(dec['time'], dec['age_s'])}, {safe_text(dec['policy'])}, "
                              f"{fmt_number(dec['duration_s'] * 1e3 if dec['duration_s'] is not None else None, 'ms')}"),
         f"last poll:     {fmt_when(doc['last_poll'], doc['last_poll_age_s'])}"
         + (f" -- POLLS FAILING: none succeeded for over "

@@ -55,6 +55,30 @@ def test_log_lines_carry_job_and_cycle_and_journald_priority():
     assert lines[1] == "<6>INFO cycle=7 job=- malleable.daemon.test: cycle done"
 
 
+def test_a_users_text_in_a_log_message_cannot_fake_or_hide_lines():
+    """The daemon logs an invalid spec with the job's comment quoted, which any user
+    writes: an escape sequence, a line break or a bidirectional override in it shows
+    as an escape on the one line; a traceback keeps its own lines."""
+    buf = io.StringIO()
+    setup_logging("INFO", stream=buf, journald=True)
+    log = logging.getLogger("malleable.daemon.test")
+    set_cycle(3)
+    comment = "malleable:gpus=\x1b[2J\n<3>ERROR cycle=3 job=- fake\u202e"
+    job_logger(log, "9").warning("invalid malleable spec, left to Slurm as a rigid job: %s",
+                                 comment)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("refused: %s", "a\rb")
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == ("<4>WARNING cycle=3 job=9 malleable.daemon.test: invalid malleable "
+                        "spec, left to Slurm as a rigid job: malleable:gpus=\\x1b[2J\\n"
+                        "<3>ERROR cycle=3 job=- fake\\u202e")
+    assert lines[1] == "<3>ERROR cycle=3 job=- malleable.daemon.test: refused: a\\rb"
+    assert lines[2] == "Traceback (most recent call last):" and lines[-1] == "ValueError: boom"
+    assert not any(c in buf.getvalue() for c in "\x1b\r\u202e")
+
+
 def test_python_warnings_become_log_lines_in_the_daemons_format():
     """numpy's RuntimeWarnings (e.g. under an extreme policy parameter) went to stderr
     raw, outside the log format."""
