@@ -56,7 +56,8 @@ def build(n: int, share: float, policy: str, tmp: Path, seed: int) -> tuple[Daem
     db = make_engine(f"sqlite:///{tmp}/m.db")
     schema.prepare_schema(db)
     config = parse_config({"progress": {"spool_dir": str(spool)},
-                           "policy": {"name": policy, "min_gain": 0.0, "cooldown_s": 0.0},
+                           "policy": {"name": policy, "min_gain": 0.0, "cooldown_s": 0.0,
+                                      "min_run_restarts": 0.0},
                            "daemon": {"poll_interval_s": 30.0, "decide_interval_s": 60.0}})
     daemon = Daemon(slurm=slurm, sessions=session_factory(db), clock=engine.datetime_at,
                     spool_dir=str(spool), config=config)

@@ -19,7 +19,7 @@ notes and in malleable/sim/jobsetup.py):
 * no starvation promotion (the artifact's Tiresias has ``solve_starvation = 0``
   and Pollux none): ``starve_s = 1e12`` for las and pollux;
 * no hysteresis filter (the artifact has none): ``policy.min_gain = 0``,
-  ``policy.cooldown_s = 0``; no cap on concurrent checkpoint-requeues
+  ``policy.cooldown_s = 0``, ``policy.min_run_restarts = 0``; no cap on concurrent checkpoint-requeues
   (``daemon.max_concurrent_requeues = 64``, the cluster's GPUs).
 
 Everything else is the daemon's default configuration (poll every 30 s).
@@ -74,7 +74,7 @@ PUBLISHED = {
 PUBLISHED_NAME = {"pollux": "Pollux", "las": "Tiresias", "optimus": "Optimus+Oracle"}
 TARGET = {"pollux": 0.10, "las": 0.15, "optimus": 0.15}
 
-CONFIG = {"policy": {"min_gain": 0.0, "cooldown_s": 0.0},
+CONFIG = {"policy": {"min_gain": 0.0, "cooldown_s": 0.0, "min_run_restarts": 0.0},
           "daemon": {"max_concurrent_requeues": 64}}
 PARAMS = {"pollux": {"starve_s": 1e12}, "las": {"starve_s": 1e12}}
 
@@ -159,7 +159,8 @@ simulator set them up for the scheduler it stands for
   (`target_samples`); its throughput comes from the estimators (the artifact's
   Optimus also used the true throughput curves: not reproducible through the
   daemon, whose policies only see estimates).
-* No hysteresis (`policy.min_gain = 0`, `policy.cooldown_s = 0`) and no cap on
+* No hysteresis (`policy.min_gain = 0`, `policy.cooldown_s = 0`,
+  `policy.min_run_restarts = 0`) and no cap on
   concurrent checkpoint-requeues (`daemon.max_concurrent_requeues = 64`): the
   artifact has neither. Everything else is the daemon's default configuration.
 

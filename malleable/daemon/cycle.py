@@ -560,7 +560,8 @@ class Daemon:
         name, params = self.operator_policy or (self.config.policy.name,
                                                 dict(self.config.policy.params))
         key = (name, json.dumps(params, sort_keys=True, default=repr),
-               self.config.policy.min_gain, self.config.policy.cooldown_s)
+               self.config.policy.min_gain, self.config.policy.cooldown_s,
+               self.config.policy.min_run_restarts)
         if self._policy_cache is not None and self._policy_cache[0] == key:
             _, decides, policy = self._policy_cache
             return decides, params, policy

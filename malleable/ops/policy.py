@@ -174,7 +174,8 @@ def show_doc(s, config, where: str) -> dict:
             "config": {"name": config.policy.name, "params": dict(config.policy.params),
                        "source": config.source},
             "hysteresis": {"min_gain": config.policy.min_gain,
-                           "cooldown_s": config.policy.cooldown_s},
+                           "cooldown_s": config.policy.cooldown_s,
+                           "min_run_restarts": config.policy.min_run_restarts},
             "database": where, "changed": None, "by": None}
 
 
@@ -203,7 +204,7 @@ def render_show(doc: dict) -> str:
                      f"{policy_problem_effect(doc['source'])}")
     h = doc["hysteresis"]
     lines.append(f"hysteresis ([policy] in the configuration): min_gain {h['min_gain']}, "
-                 f"cooldown_s {h['cooldown_s']}")
+                 f"cooldown_s {h['cooldown_s']}, min_run_restarts {h['min_run_restarts']}")
     return "\n".join(lines)
 
 

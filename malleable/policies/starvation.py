@@ -11,8 +11,9 @@ that waits is overtaken only by promoted jobs that have waited longer, and
 each of those, once served, starts waiting again from zero (behind it). So
 with J jobs and decisions every dt seconds, a job that can fit waits at most
 ``starve_s + J * dt`` seconds between runs. Behind the hysteresis wrapper a
-served job keeps its GPUs for its cool-down, so the bound becomes
-``starve_s + J * max(dt, cooldown_s) + dt``.
+served job keeps its GPUs for its cool-down and its lease (``min_run_restarts``
+times its restart cost), so the bound becomes
+``starve_s + J * max(dt, cooldown_s, lease) + dt`` with the longest lease.
 
 Source: Tiresias (Gu et al., NSDI'19, section 4.2, "starvation") promotes a
 job to the highest-priority queue after it waited longer than a threshold;

@@ -177,6 +177,7 @@ class RunSpec:
                 "settings": {
                     "min_gain": float(config.policy.min_gain),
                     "cooldown_s": float(config.policy.cooldown_s),
+                    "min_run_restarts": float(config.policy.min_run_restarts),
                     "default_restart_cost_s": float(config.policy.default_restart_cost_s),
                     "queue_depth": int(config.policy.queue_depth),
                     "poll_interval_s": float(config.daemon.poll_interval_s),

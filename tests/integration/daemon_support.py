@@ -66,6 +66,7 @@ requeue_backoff_s = {backoff}
 name = "{policy}"
 min_gain = 0.0
 cooldown_s = 0
+min_run_restarts = 0
 {extra}""")
     return path
 

@@ -145,6 +145,7 @@ lease_timeout_s = 20.0
 name = "equi"
 min_gain = 0.0
 cooldown_s = 0.0
+min_run_restarts = 0.0
 [operator]
 group = "{OP_GROUP}"
 [metrics]

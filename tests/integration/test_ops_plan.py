@@ -43,7 +43,8 @@ def setup(tmp_path, slurm):
     db = tmp_path / "m.db"
     cfg.write_text(f'[database]\nurl = "sqlite:///{db}"\n'
                    f'[progress]\nspool_dir = "{tmp_path / "spool"}"\n'
-                   '[policy]\nname = "equi"\nmin_gain = 0.0\ncooldown_s = 0.0\n')
+                   '[policy]\nname = "equi"\nmin_gain = 0.0\ncooldown_s = 0.0\n'
+                   'min_run_restarts = 0\n')
     r = cli("db", "upgrade", "--config", str(cfg))
     assert r.exit_code == 0, r.output
     (tmp_path / "spool").mkdir(mode=0o1733)

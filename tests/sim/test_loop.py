@@ -36,7 +36,8 @@ JOBS = [
 
 
 def config(policy: str):
-    return parse_config({"policy": {"name": policy, "min_gain": 0.0, "cooldown_s": 0.0},
+    return parse_config({"policy": {"name": policy, "min_gain": 0.0, "cooldown_s": 0.0,
+                                    "min_run_restarts": 0.0},
                          "daemon": {"max_concurrent_requeues": 8}})
 
 

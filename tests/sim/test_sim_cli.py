@@ -138,7 +138,8 @@ def test_summary_records_the_settings_that_change_decisions(tmp_path, workload):
                    "--no-comparison", "--out", str(out))
     assert res.exit_code == 0, res.output
     s = json.loads((out / "tiny" / "las" / "seed0" / "summary.json").read_text())
-    assert s["settings"] == {"min_gain": 0.2, "cooldown_s": 600.0, "default_restart_cost_s": 60.0,
+    assert s["settings"] == {"min_gain": 0.2, "cooldown_s": 600.0, "min_run_restarts": 10.0,
+                             "default_restart_cost_s": 60.0,
                              "queue_depth": 100, "poll_interval_s": 15.0,
                              "ingest_interval_s": 30.0, "max_concurrent_requeues": 4,
                              "requeue_backoff_s": 600.0}

@@ -91,7 +91,7 @@ class Cluster:
         self.sessions = session_factory(db)
         config = parse_config({"progress": {"spool_dir": str(self.spool)},
                                "policy": {"name": "equi", "min_gain": 0.0, "cooldown_s": 0.0,
-                                          "queue_depth": queue_depth},
+                                          "min_run_restarts": 0.0, "queue_depth": queue_depth},
                                "daemon": {"poll_interval_s": 10.0, "decide_interval_s": 20.0}})
         self.daemon = Daemon(slurm=self.slurm, sessions=self.sessions,
                              clock=self.engine.datetime_at, spool_dir=str(self.spool),

@@ -67,15 +67,18 @@ def test_deterministic(name, case):
 @pytest.mark.parametrize("name", ALL)
 @settings(PROFILE)
 @given(case=instances(), min_gain=st.sampled_from([0.0, 0.05, 0.5]),
-       cooldown=st.sampled_from([0.0, 300.0, 1e9]))
-def test_hysteresis_keeps_invariants(name, case, min_gain, cooldown):
+       cooldown=st.sampled_from([0.0, 300.0, 1e9]), lease=st.sampled_from([0.0, 10.0, 1e3]))
+def test_hysteresis_keeps_invariants(name, case, min_gain, cooldown, lease):
     jobs, cap, ctx = case
-    alloc = Hysteresis(get_policy(name), min_gain=min_gain, cooldown_s=cooldown).allocate(
-        jobs, cap, ctx)
+    alloc = Hysteresis(get_policy(name), min_gain=min_gain, cooldown_s=cooldown,
+                       min_run_restarts=lease).allocate(jobs, cap, ctx)
     assert_valid(alloc, jobs, cap)
     # A running job inside its cool-down is never changed.
     cool = (jobs.current > 0) & (jobs.since_change < cooldown)
     assert np.array_equal(alloc.gpus[cool], jobs.current[cool])
+    # Nor shrunk or preempted inside its lease.
+    leased = (jobs.current > 0) & (jobs.since_change < lease * jobs.restart_cost)
+    assert (alloc.gpus[leased] >= jobs.current[leased]).all()
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n != "static"])
@@ -116,11 +119,14 @@ def test_no_starvation(name, case):
 @settings(PROFILE, max_examples=max(PROFILE.max_examples // 4, 5))
 @given(case=instances(max_jobs=10, max_nodes=3))
 def test_no_starvation_behind_hysteresis(name, case):
-    """Behind hysteresis a job that is served holds its GPUs for its whole cool-down, so each
-    job ahead of a starving one may take ceil(cooldown / dt) decisions instead of one."""
+    """Behind hysteresis a job that is served holds its GPUs for its whole cool-down and
+    lease, so each job ahead of a starving one may take ceil(max(cooldown, lease) / dt)
+    decisions instead of one."""
     jobs, cap, ctx = case
-    dt, starve, cooldown = 600.0, 3600.0, 1800.0
-    policy = Hysteresis(get_policy(name, starve_s=starve), min_gain=0.05, cooldown_s=cooldown)
+    dt, starve, cooldown, lease = 600.0, 3600.0, 1800.0, 10.0
+    policy = Hysteresis(get_policy(name, starve_s=starve), min_gain=0.05, cooldown_s=cooldown,
+                        min_run_restarts=lease)
     worst = longest_waits(policy, jobs, cap, ctx, calls=40, dt=dt)
-    bound = math.ceil(starve / dt) + len(jobs) * max(1, math.ceil(cooldown / dt)) + 1
+    hold = max(cooldown, lease * float(jobs.restart_cost.max(initial=0.0)))
+    bound = math.ceil(starve / dt) + len(jobs) * max(1, math.ceil(hold / dt)) + 1
     assert all(w <= bound for w in worst.values()), (worst, bound)
