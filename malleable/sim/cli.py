@@ -289,6 +289,7 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         bar.close()
     for r in results:
         click.echo(_summary_line(r["summary"], r["wall_s"]))
+    _notes(line for r in results if (line := _waiting_note(r["summary"])))
     if not no_comparison:
         notes = []
         runs = sweep.collect(out, notes)
@@ -349,6 +350,24 @@ def _summary_line(s: dict, wall_s: float) -> str:
             f"{s['jobs_finished']}/{s['jobs']} jobs, avg JCT {num('avg_jct_s')} s, "
             f"p99 {num('p99_jct_s')} s, makespan {num('makespan_s', 3600, 1)} h "
             f"({wall_s:.1f} s wall){stopped}")
+
+
+def _waiting_note(s: dict, groups: int = 3) -> str | None:
+    """For a run stopped by --max-time with jobs waiting in Slurm (held or pending): which
+    and why (its first ``groups`` groups of summary.json's ``unfinished_jobs``, the
+    largest first); None if there is none. Jobs not submitted are noted with the
+    workload, running ones need no reason."""
+    from malleable.sim.loop import describe_group
+    from malleable.sim.sweep import run_id
+
+    waiting = [g for g in s.get("unfinished_jobs") or () if g.get("state") in ("held", "pending")]
+    if not waiting:
+        return None
+    more = len(waiting) - groups
+    return (f"{run_id(s['workload'], s['policy'], s['seed'])}: "
+            f"{sum(g['jobs'] for g in waiting)} job(s) waiting when the run stopped: "
+            + "; ".join(describe_group(g) for g in waiting[:groups])
+            + (f"; {more} more group(s) in summary.json (unfinished_jobs)" if more > 0 else ""))
 
 
 def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:

@@ -213,10 +213,24 @@ def prepare_jobs(jobs: list[TraceJob], setup: JobSetup, *, gpus_per_node: int,
     Jobs whose model is one of the profiled `MODELS` become malleable; the others
     stay as they are (rigid, run for their duration). ``seed`` drives the
     randomized rounding of requests (one uniform draw per job, in trace order,
-    whatever the setup, so the same seed gives the same sizes).
+    whatever the setup, so the same seed gives the same sizes). With the trace's
+    fixed batch, a request is never rounded up past the batch (6 GPUs at batch 6
+    on 4-GPU nodes become 4, not 8): a GPU must get at least one sample.
+
+    Args:
+        jobs: the trace, arrivals in s.
+        setup: the `JobSetup`.
+        gpus_per_node: g >= 1; total_gpus: GPUs in the cluster.
+        seed: the run's seed.
+        restart_cost_s: every job's restart cost, s (None: per model).
+
+    Returns:
+        One `PreparedJob` per job, in the order of ``jobs``.
 
     Raises:
-        ValueError: a job of a profiled model without a usable size.
+        ValueError: a job of a profiled model without a usable size, or whose batch
+            is smaller than its GPUs (``batch_size < gpus``: no data-parallel job can
+            give each GPU a sample; the trace loaders refuse such a row).
     """
     rng = np.random.default_rng([seed, 1])
     draws = rng.random(len(jobs))
@@ -226,11 +240,18 @@ def prepare_jobs(jobs: list[TraceJob], setup: JobSetup, *, gpus_per_node: int,
         if t.model not in MODELS:
             out.append(PreparedJob(t, t.gpus, "", None, False, None))
             continue
+        if t.batch_size is not None and t.batch_size < t.gpus:
+            raise ValueError(f"job {t.name!r}: batch size {t.batch_size} is below its "
+                             f"{t.gpus} GPUs (at least one sample per GPU)")
         prof = load_profile(t.model, restart_cost_s=restart_cost_s)
         single = t.model in SINGLE_GPU_MODELS
+        adaptive = setup.batch == "adaptive" and not single
         req = 1 if single else legal_size(min(max(t.gpus, 1), cap), gpus_per_node, float(u))
         req = min(req, legal_floor(cap, gpus_per_node))
-        if setup.batch == "adaptive" and not single:
+        if t.batch_size is not None and not adaptive:
+            # (rounded up past the batch, a GPU would get no sample: no size could run)
+            req = min(req, legal_floor(t.batch_size, gpus_per_node))
+        if adaptive:
             m0, max_batch, batch = prof.init_batch_size, prof.max_batch_size, None
         else:
             fixed = t.batch_size or prof.default_batch(req)
@@ -248,7 +269,7 @@ def prepare_jobs(jobs: list[TraceJob], setup: JobSetup, *, gpus_per_node: int,
             restart_cost_s=float(prof.restart_cost_s),
             target_samples=oracle_samples(prof, int(m0)) if setup.oracle_work else None)
         out.append(PreparedJob(replace(t, gpus=submit), t.gpus, format_spec(spec), batch,
-                               setup.batch == "adaptive" and not single, prof))
+                               adaptive, prof))
     return out
 
 

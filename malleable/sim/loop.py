@@ -71,6 +71,15 @@ the same decisions with and without it):
   stretches (a site's nights, a sparse log) no longer costs a cycle a minute
   through them. When the next arrival comes after ``--max-time``, housekeeping
   too moves to its last tick before the end of the run (`_ServiceClock._jump_if_idle`).
+
+A run that reaches ``max_time_s`` with jobs left says which and why
+(`UnfinishedJob`, `unfinished_summary`): each job's state when the run stopped
+(running, pending, held, not submitted) and, for one that was not running, the
+daemon's last reason for its target (e.g. the policy's "no feasible size fits:
+..." for a job no size of which can run), else Slurm's pending reason. They go to
+``summary.json`` (``unfinished_jobs``, grouped by state and reason) and to a
+warning in this module's log. A job that can never be placed therefore does not
+go unexplained, though the run still lasts until ``max_time_s``.
 """
 
 from __future__ import annotations
@@ -102,6 +111,7 @@ from malleable.sim.metrics import JobOutcome, summarize
 from malleable.sim.slurm import SimSlurm
 from malleable.sim.traces import TraceJob
 from malleable.sim.workload import Replay, rigid_program
+from malleable.slurm.records import JobState
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +120,12 @@ PRIORITY_DAEMON = PRIORITY_LATE + 5
 
 #: Default bound on simulated time (s): a run that has not finished by then stops.
 DEFAULT_MAX_TIME_S = 120 * 86400.0
+
+#: Job names listed per group of ``unfinished_jobs`` in the summary (`unfinished_summary`).
+UNFINISHED_NAMES = 5
+
+#: `UnfinishedJob.state` values.
+UNFINISHED_STATES = ("running", "pending", "held", "not submitted")
 
 
 @dataclass(frozen=True)
@@ -191,14 +207,16 @@ class SimResult:
 
     Attributes:
         outcomes: one `JobOutcome` per trace job, in trace order.
-        summary: `malleable.sim.metrics.summarize` plus the run's counters
-            (deterministic: the same inputs and seed give the same dict).
+        summary: `malleable.sim.metrics.summarize` plus the run's counters and
+            ``unfinished_jobs`` (`unfinished_summary`; deterministic: the same inputs
+            and seed give the same dict).
         allocation_log: ``(virtual s, job id, GPUs)`` at every allocation change.
         timeline: ``(times, used GPUs)`` arrays.
         cycles: the daemon's cycle counts and wall times.
         wall_s: wall time of the whole run (s).
         sim_s: virtual time at the end (s).
         finished: every job ended before ``max_time_s``.
+        unfinished: the jobs that had not ended, in trace order ([] if ``finished``).
     """
 
     outcomes: list[JobOutcome]
@@ -209,6 +227,29 @@ class SimResult:
     wall_s: float
     sim_s: float
     finished: bool
+    unfinished: list[UnfinishedJob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UnfinishedJob:
+    """A job that had not ended when a run stopped (at ``max_time_s``).
+
+    Attributes:
+        name: the trace's job name.
+        job_id: its Slurm id ("" if it was never submitted).
+        state: one of `UNFINISHED_STATES`: "running", "pending" (in Slurm's queue),
+            "held" (pending with a hold: the daemon's, e.g. a job checkpointed to 0
+            GPUs, or a requeue hold) or "not submitted" (it arrives after the end).
+        reason: why it was not running ("" for a running job): the daemon's
+            reason for its last target (the policy's words, e.g. "no feasible size
+            fits: min 2 GPUs, largest placeable 64"), else Slurm's pending reason
+            (e.g. "Resources"), or "arrives after the end of the run".
+    """
+
+    name: str
+    job_id: str
+    state: str
+    reason: str
 
 
 class _ServiceClock:
@@ -471,12 +512,15 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
         outcomes = _outcomes(replay.outcomes(), prepared)
         summary = summarize(outcomes, total, slurm.gpu_timeline())
         summary.update(_counters(sessions, stats, finished))
+        unfinished = [] if finished else _unfinished(replay, slurm, sessions)
+        summary["unfinished_jobs"] = unfinished_summary(unfinished)
+        _warn_unfinished(unfinished, end)
         return SimResult(outcomes=outcomes, summary=summary,
                          allocation_log=list(slurm.allocation_log),
                          timeline=slurm.gpu_timeline(), cycles=stats,
                          wall_s=time.perf_counter() - t_start,
                          sim_s=end,
-                         finished=finished)
+                         finished=finished, unfinished=unfinished)
     finally:
         db_engine.dispose()
 
@@ -501,6 +545,75 @@ def _outcomes(outcomes: list[JobOutcome], prepared: list[PreparedJob]) -> list[J
 
     return [replace(o, gpus_requested=p.requested) for o, p in zip(outcomes, prepared,
                                                                     strict=True)]
+
+
+def _unfinished(replay: Replay, slurm: SimSlurm, sessions) -> list[UnfinishedJob]:
+    """The jobs of ``replay`` that have not ended, with their state in ``slurm`` and the
+    daemon's last reason for them (read from the store once, at the end of a run)."""
+    records = {r.job_id: r for r in slurm.jobs()}
+    last = (select(Target.job_id, func.max(Target.decision_id).label("decision_id"))
+            .group_by(Target.job_id).subquery())
+    with sessions() as s:
+        reasons = dict(s.execute(
+            select(Job.slurm_job_id, Target.reason)
+            .join(last, last.c.job_id == Job.id)
+            .join(Target, (Target.job_id == last.c.job_id)
+                  & (Target.decision_id == last.c.decision_id))).all())
+    out = []
+    for r in replay.jobs:
+        if not r.job_id:
+            out.append(UnfinishedJob(r.trace.name, "", "not submitted",
+                                     "arrives after the end of the run"))
+            continue
+        rec = records.get(r.job_id)
+        if rec is None or rec.state not in (JobState.PENDING, JobState.RUNNING):
+            continue   # ended (or ending: COMPLETING)
+        if rec.state == JobState.RUNNING:
+            out.append(UnfinishedJob(r.trace.name, r.job_id, "running", ""))
+            continue
+        reason = reasons.get(r.job_id) or ("" if rec.reason == "None" else rec.reason)
+        out.append(UnfinishedJob(r.trace.name, r.job_id, "held" if rec.held else "pending",
+                                 reason))
+    return out
+
+
+def unfinished_summary(jobs: Sequence[UnfinishedJob], names: int = UNFINISHED_NAMES
+                       ) -> list[dict[str, object]]:
+    """``unfinished_jobs`` of summary.json: ``jobs`` grouped by (state, reason).
+
+    Args:
+        jobs: the unfinished jobs, in trace order (`SimResult.unfinished`).
+        names: how many job names each group lists (its first, in trace order).
+
+    Returns:
+        One ``{"state", "reason", "jobs" (count), "names" (list)}`` per group, the
+        largest first (then by state, reason); ``[]`` for no job.
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    for j in jobs:
+        groups.setdefault((j.state, j.reason), []).append(j.name)
+    rows = [{"state": st, "reason": why, "jobs": len(ns), "names": ns[:names]}
+            for (st, why), ns in groups.items()]
+    return sorted(rows, key=lambda r: (-r["jobs"], r["state"], r["reason"]))
+
+
+def _warn_unfinished(jobs: Sequence[UnfinishedJob], end_s: float, groups: int = 5) -> None:
+    """One warning for a run that stopped with jobs that were not running (its first
+    ``groups`` groups of `unfinished_summary`, the largest first)."""
+    waiting = [g for g in unfinished_summary(jobs) if g["state"] != "running"]
+    if waiting:
+        more = len(waiting) - groups
+        log.warning("run stopped at %.0f s with %d job(s) unfinished, %d of them not "
+                    "running: %s%s", end_s, len(jobs), sum(g["jobs"] for g in waiting),
+                    "; ".join(describe_group(g) for g in waiting[:groups]),
+                    f"; {more} more group(s)" if more > 0 else "")
+
+
+def describe_group(group: dict) -> str:
+    """One group of `unfinished_summary` in words: ``held: <reason> (2: a, b)``."""
+    names = ", ".join(group["names"]) + (", ..." if group["jobs"] > len(group["names"]) else "")
+    reason = f": {group['reason']}" if group["reason"] else ""
+    return f"{group['state']}{reason} ({group['jobs']}: {names})"
 
 
 def _counters(sessions, stats: CycleStats, finished: bool) -> dict[str, object]:

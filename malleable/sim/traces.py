@@ -234,13 +234,23 @@ def _check_unique(path: Path, names: list[tuple[int, str]]) -> None:
 def load_pollux_workload(path: str | Path) -> list[TraceJob]:
     """Pollux's workload CSV: ``name,time,application,num_replicas,batch_size``.
 
-    Returns one job per row: ``arrival_s = time``, ``model = application`` (one of
-    the six profiled models), ``gpus = num_replicas``, ``batch_size``.
+    Returns one job per row: ``arrival_s = time`` (s), ``model = application`` (one
+    of the six profiled models), ``gpus = num_replicas``, ``batch_size`` (global,
+    samples per iteration).
+
+    A row's batch must give every replica at least one sample: ``batch_size >=
+    num_replicas``. A data-parallel job cannot run a global batch of 1 on 2 GPUs,
+    and the daemon's estimators (rightly) find no batch for it on its GPUs, so
+    under a policy that runs it on its request only (``las``, ``static``) it would
+    be held for the whole run. Such a row is refused, not repaired: raising the
+    batch would replay a job the trace does not hold. (Pollux's own workloads
+    have at least 8 samples per GPU; a batch below the profile's smallest
+    measured per-GPU batch is accepted and runs as `ModelProfile.step_time` says.)
 
     Raises:
         TraceError: unreadable file, missing column, duplicate name, or a bad value
             (a batch size above the model's profile is one: the profile cannot say
-            how such a job trains).
+            how such a job trains; a batch size below ``num_replicas`` is another).
     """
     path = Path(path)
     jobs, names = [], []
@@ -258,9 +268,14 @@ def load_pollux_workload(path: str | Path) -> list[TraceJob]:
         if batch > most:
             raise TraceError(path, line, "batch_size", row["batch_size"],
                              f"above the {app} profile's largest batch size ({most})")
-        jobs.append(TraceJob(name=name, arrival_s=_float(path, line, "time", row["time"]),
-                             gpus=_int(path, line, "num_replicas", row["num_replicas"], lo=1),
-                             model=app, batch_size=batch))
+        arrival = _float(path, line, "time", row["time"])
+        gpus = _int(path, line, "num_replicas", row["num_replicas"], lo=1)
+        if batch < gpus:
+            raise TraceError(path, line, "batch_size", row["batch_size"],
+                             f"below num_replicas ({gpus}): data-parallel training needs at "
+                             f"least one sample per GPU")
+        jobs.append(TraceJob(name=name, arrival_s=arrival, gpus=gpus, model=app,
+                             batch_size=batch))
         names.append((line, name))
     _check_unique(path, names)
     return _sorted(jobs)

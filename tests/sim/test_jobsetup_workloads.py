@@ -81,6 +81,34 @@ def test_setups_follow_the_pollux_artifact():
         setup_for("las", "x")
 
 
+def test_a_request_is_not_rounded_up_past_the_fixed_batch():
+    # 6 GPUs at batch 6 on 4-GPU nodes: 8 GPUs would leave a GPU without a sample (no
+    # batch fits, the job would be held for good), so it becomes 4 whatever the draw;
+    # at a batch with room the rounding is as before (4 or 8, half the time each).
+    kw = {"gpus_per_node": 4, "total_gpus": 64}
+    small = [TraceJob("bert-0", 0.0, 6, model="bert", batch_size=6)]
+    big = [TraceJob("bert-0", 0.0, 6, model="bert", batch_size=384)]
+    for setup in ("las", "static"):
+        got = {prepare_jobs(small, setup_for(setup), seed=s, **kw)[0].trace.gpus
+               for s in range(20)}
+        assert got == {4}, (setup, got)
+        spec = parse_spec(prepare_jobs(small, setup_for(setup), seed=1, **kw)[0].comment)
+        assert (spec.min_gpus, spec.max_gpus, spec.batch_size) == (4, 4, 6)
+        assert {prepare_jobs(big, setup_for(setup), seed=s, **kw)[0].trace.gpus
+                for s in range(20)} == {4, 8}
+    # Adaptive jobs choose their own batch: the trace's does not bound their size.
+    assert parse_spec(prepare_jobs(small, setup_for("pollux"), seed=1, **kw)[0].comment
+                      ).max_gpus == 64   # (bert: 384 // 4 = 96 replicas, capped at 64)
+
+
+def test_a_job_with_fewer_samples_than_gpus_is_refused():
+    job = [TraceJob("cifar10-7", 0.0, 2, model="cifar10", batch_size=1)]
+    for setup in ("las", "static", "optimus", "pollux"):
+        with pytest.raises(ValueError, match=r"job 'cifar10-7': batch size 1 is below its 2 "
+                                             r"GPUs \(at least one sample per GPU\)"):
+            prepare_jobs(job, setup_for(setup), gpus_per_node=4, total_gpus=64, seed=0)
+
+
 def test_oracle_work_is_what_the_job_trains():
     """The declared total work equals the samples a job at that fixed batch processes."""
     prof = load_profile("cifar10")

@@ -7,7 +7,9 @@ and a spool directory the simulated jobs write progress lines to.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from malleable.config import parse_config
-from malleable.sim.jobsetup import setup_for
-from malleable.sim.loop import SimOptions, run_simulation
+from malleable.sim.jobsetup import prepare_jobs, setup_for
+from malleable.sim.loop import SimOptions, UnfinishedJob, run_prepared, run_simulation
 from malleable.sim.metrics import write_summary
 from malleable.sim.traces import TraceJob
+from malleable.spec import format_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +64,57 @@ def test_small_workload_finishes_through_the_daemon(pollux_run):
     assert s["decide_cycles"] == s["decisions"] >= r.sim_s // 60
     assert all(o.end_s is not None and o.end_s > o.arrival_s for o in r.outcomes)
     assert 0 < s["gpu_utilization"] <= 1
+
+
+def test_a_finished_run_lists_no_unfinished_job(pollux_run):
+    assert pollux_run.unfinished == [] and pollux_run.summary["unfinished_jobs"] == []
+
+
+def test_a_request_rounded_up_past_its_batch_runs_instead_of_being_held():
+    # bert on 6 GPUs at batch 6, 4-GPU nodes: seed 1 draws u = 0.33, which rounds 6 up to
+    # 8. On 8 GPUs no batch of 6 fits (a GPU would get no sample): static held the job
+    # for the whole run ("no feasible size fits: min 8 GPUs"). It now runs on 4.
+    jobs = [TraceJob("bert-0", 0.0, 6, model="bert", batch_size=6)]
+    opts = SimOptions(nodes=2, gpus_per_node=4, seed=1, restart_cost_s=30.0,
+                      setup=setup_for("static"), max_time_s=3600.0)
+    r = run_simulation(jobs, config("static"), opts)
+    (o,) = r.outcomes
+    assert o.gpus_requested == 6 and o.start_s == 0.0
+    assert r.unfinished == [UnfinishedJob("bert-0", o.job_id, "running", "")]
+    assert o.gpu_seconds == pytest.approx(4 * 3600.0)   # on 4 GPUs all along
+    assert {gpus for _, _, gpus in r.allocation_log} == {4}
+    assert r.summary["unfinished_jobs"] == [{"state": "running", "reason": "", "jobs": 1,
+                                             "names": ["bert-0"]}]
+
+
+def test_jobs_that_cannot_run_are_named_with_the_daemons_reason(caplog):
+    # A job whose spec no size can serve (2 GPUs, batch at most 1: the trace loaders and
+    # the job setup refuse it, a replay recipe could still say it) is held by the daemon
+    # until the end of the run; the run says which job and why, as it does for a job
+    # that arrives after the end.
+    jobs = [TraceJob("cifar10-0", 0.0, 2, model="cifar10", batch_size=2),
+            TraceJob("ncf-1", 10.0, 1, model="ncf", batch_size=32768),
+            TraceJob("ncf-late", 99999.0, 1, model="ncf", batch_size=32768)]
+    prepared = prepare_jobs(jobs, setup_for("static"), gpus_per_node=4, total_gpus=8, seed=0)
+    spec = dataclasses.replace(parse_spec(prepared[0].comment), batch_size=1, max_batch_size=1)
+    prepared[0] = dataclasses.replace(prepared[0], comment=format_spec(spec), batch=1)
+    opts = SimOptions(nodes=2, gpus_per_node=4, max_time_s=3600.0)
+    with caplog.at_level(logging.WARNING, logger="malleable.sim.loop"):
+        r = run_prepared(prepared, config("static"), opts)
+    assert not r.finished and r.summary["jobs_finished"] == 1   # ncf-1
+    held, late = r.unfinished
+    assert (held.name, held.state, late) == (
+        "cifar10-0", "held",
+        UnfinishedJob("ncf-late", "", "not submitted", "arrives after the end of the run"))
+    assert held.reason.startswith("no feasible size fits: min 2 GPUs"), held.reason
+    assert r.summary["unfinished_jobs"] == [
+        {"state": "held", "reason": held.reason, "jobs": 1, "names": ["cifar10-0"]},
+        {"state": "not submitted", "reason": "arrives after the end of the run", "jobs": 1,
+         "names": ["ncf-late"]}]
+    (warning,) = [m for m in caplog.messages if m.startswith("run stopped")]
+    assert warning == (f"run stopped at 3600 s with 2 job(s) unfinished, 2 of them not "
+                       f"running: held: {held.reason} (1: cifar10-0); not submitted: arrives "
+                       f"after the end of the run (1: ncf-late)")
 
 
 def test_rigid_jobs_run_for_their_recorded_time_beside_malleable_ones():

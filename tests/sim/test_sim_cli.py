@@ -288,6 +288,36 @@ def test_malformed_trace_row_is_named_with_its_line(tmp_path):
     assert res.stderr.count("\n") == 1
 
 
+def test_a_batch_smaller_than_its_gpus_is_refused_with_its_line(tmp_path):
+    # cifar10 on 2 GPUs at batch 1 was checkpointed to 0 GPUs and held until --max-time
+    # (exit 0); it is a row no data-parallel job can run.
+    bad = tmp_path / "bad.csv"
+    bad.write_text(WORKLOAD + "cifar10-3,100,cifar10,2,1\n")
+    res = simulate("--workload", str(bad), "--policy", "static", "--max-time", "0.5",
+                   "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2, res.output
+    assert res.stderr == (f"malleable simulate: error: --workload {bad}:5: field "
+                          f"batch_size='1': below num_replicas (2): data-parallel training "
+                          f"needs at least one sample per GPU\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_jobs_waiting_when_the_run_stops_are_named_with_why(tmp_path):
+    two = tmp_path / "two.csv"
+    two.write_text("name,time,application,num_replicas,batch_size\n"
+                   "cifar10-0,0,cifar10,4,512\ncifar10-1,10,cifar10,4,512\n")
+    res = simulate("--workload", str(two), "--policy", "static", "--nodes", "1",
+                   "--max-time", "0.1", "--no-plots", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.output
+    s = json.loads((tmp_path / "o" / "two" / "static" / "seed0" / "summary.json").read_text())
+    held, running = s["unfinished_jobs"]
+    assert running == {"jobs": 1, "names": ["cifar10-0"], "reason": "", "state": "running"}
+    assert (held["state"], held["jobs"], held["names"]) == ("held", 1, ["cifar10-1"])
+    assert "4 GPUs" in held["reason"], held   # (static: "waits: request of 4 GPUs does not fit")
+    assert (f"malleable simulate: note: two/static/seed0: 1 job(s) waiting when the run "
+            f"stopped: held: {held['reason']} (1: cifar10-1)\n") in res.stderr
+
+
 def test_unusable_out_is_refused_before_any_run(tmp_path, workload):
     afile = tmp_path / "afile"
     afile.write_text("")

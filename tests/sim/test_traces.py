@@ -114,6 +114,31 @@ def test_pollux_workload_refuses_a_malformed_row(tmp_path, bad, field, value):
     assert (err.value.line, err.value.field, err.value.value) == (3, field, value)
 
 
+@pytest.mark.parametrize("gpus, batch", [(2, 1), (8, 4), (16, 15)])
+def test_pollux_workload_refuses_a_batch_smaller_than_its_gpus(tmp_path, gpus, batch):
+    # Fewer samples than replicas: no data-parallel job runs that (the estimators find no
+    # batch on its GPUs, and las and static held such a job for the whole run).
+    f = tmp_path / "w.csv"
+    f.write_text("name,time,application,num_replicas,batch_size\nok-1,1,ncf,1,256\n"
+                 f"cifar10-2,5,cifar10,{gpus},{batch}\n")
+    with pytest.raises(TraceError) as err:
+        load_pollux_workload(f)
+    assert str(err.value) == (f"{f}:3: field batch_size='{batch}': below num_replicas "
+                              f"({gpus}): data-parallel training needs at least one sample "
+                              f"per GPU")
+    assert (err.value.line, err.value.field, err.value.value) == (3, "batch_size", str(batch))
+
+
+def test_pollux_workload_accepts_one_sample_per_gpu(tmp_path):
+    # At the limit (below the profile's smallest measured per-GPU batch, which the
+    # profile clamps) the row is a job that can run: it is kept as it is.
+    f = tmp_path / "w.csv"
+    f.write_text("name,time,application,num_replicas,batch_size\ncifar10-0,0,cifar10,2,2\n"
+                 "bert-1,3,bert,4,4\n")
+    jobs = load_pollux_workload(f)
+    assert [(j.gpus, j.batch_size) for j in jobs] == [(2, 2), (4, 4)]
+
+
 def test_pollux_workload_refuses_missing_columns_short_rows_and_duplicates(tmp_path):
     f = tmp_path / "w.csv"
     f.write_text("name,time,application,num_replicas\nx,1,ncf,1\n")
