@@ -245,9 +245,9 @@ class PolicyConfig:
                          note="0: any gain; 1: no grow can qualify")
     cooldown_s: float = _f(300.0, "no change to a job sooner than this after its last change, s",
                            ge=0, le=DAY_S, note="1 day; 0: no cool-down")
-    min_run_restarts: float = _f(10.0, "a running job is shrunk or preempted only after it has "
+    min_run_restarts: float = _f(10.0, "a running job is preempted (to 0 GPUs) only after it has "
                                  "run this many times its restart cost since its last change, "
-                                 "so restarts forced on it take at most about 1/x of its time", ge=0,
+                                 "so preemptions take at most about 1/x of its time", ge=0,
                                  le=1000, note="0: no such lease, the cool-down alone")
     default_restart_cost_s: float = _f(60.0, "restart cost assumed before one is measured, s",
                                        ge=0, le=DAY_S, note="1 day")

@@ -195,7 +195,7 @@ def test_a_grow_that_does_not_fit_says_so():
 
 
 
-def test_a_shrink_or_preemption_waits_for_the_lease():
+def test_a_preemption_waits_for_the_lease():
     """Job 0 (restart cost 250 s) runs on all 16 GPUs; the policy preempts it for job 1.
     Past the 300 s cool-down but within 10 x 250 s of its start it keeps its GPUs."""
     def case(since):
@@ -205,9 +205,9 @@ def test_a_shrink_or_preemption_waits_for_the_lease():
     out = Hysteresis(Proposal([0, 16]), min_gain=0.0, cooldown_s=300).allocate(jobs, cap)
     assert out.gpus.tolist() == [16, 0]
     assert "lease of 10 x its 250 s restart cost, 1500 s left (proposed 0)" in out.reason[0]
-    # A shrink waits for it too.
+    # A shrink does not wait for it (pollux prices its own shrinks).
     out = Hysteresis(Proposal([8, 8]), min_gain=0.0, cooldown_s=300).allocate(jobs, cap)
-    assert out.gpus.tolist() == [16, 0]
+    assert out.gpus.tolist() == [8, 8]
     # Once it has run its lease, or without a lease, the preemption goes ahead.
     jobs, cap = case(2600.0)
     assert Hysteresis(Proposal([0, 16]), min_gain=0.0, cooldown_s=300).allocate(
@@ -218,8 +218,8 @@ def test_a_shrink_or_preemption_waits_for_the_lease():
 
 
 def test_a_grow_does_not_wait_for_the_lease():
-    """The lease holds shrinks and preemptions only: a grow past the cool-down that pays
-    for its restart is made."""
+    """The lease holds preemptions only: a grow past the cool-down that pays for its
+    restart is made."""
     jobs, cap = jobs_with([0.9], [4], [400.0], restart=250.0)
     out = Hysteresis(Proposal([8]), min_gain=0.05, cooldown_s=300).allocate(jobs, cap)
     assert out.gpus.tolist() == [8]

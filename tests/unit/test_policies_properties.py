@@ -76,9 +76,9 @@ def test_hysteresis_keeps_invariants(name, case, min_gain, cooldown, lease):
     # A running job inside its cool-down is never changed.
     cool = (jobs.current > 0) & (jobs.since_change < cooldown)
     assert np.array_equal(alloc.gpus[cool], jobs.current[cool])
-    # Nor shrunk or preempted inside its lease.
+    # Nor preempted inside its lease.
     leased = (jobs.current > 0) & (jobs.since_change < lease * jobs.restart_cost)
-    assert (alloc.gpus[leased] >= jobs.current[leased]).all()
+    assert (alloc.gpus[leased] > 0).all()
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n != "static"])
