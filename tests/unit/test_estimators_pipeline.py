@@ -20,6 +20,7 @@ from malleable.estimators import (
     prior_from_finished,
     speedup_table,
 )
+from malleable.estimators.throughput import throughput
 from tests.unit.test_estimators_state import batch_of, job_samples, specs_for
 
 P = ThroughputParams(alpha_c=0.02, beta_c=0.004, alpha_r=0.05, beta_r=0.01, alpha_n=0.3,
@@ -132,11 +133,14 @@ def test_extreme_but_valid_jobs_fit_to_finite_estimates(rate, m, ks, p, noise):
     assert np.all(np.isfinite(est.u)) and np.all(np.isfinite(table.goodput))
     assert np.all(table.goodput[0, 1:] > 0)
     if not table.from_prior[0]:
-        # The observed configurations are reproduced within the noise.
-        c = [int(np.flatnonzero(k == kk)[0]) for kk in ks]
-        x = rate * np.array(ks, dtype=float) ** p
-        ratio = table.goodput[0, c] / x
-        assert np.all(ratio > 0.2) and np.all(ratio < 5.0)
+        # The observed configurations' throughput is reproduced within the noise. (Not
+        # the table's goodput: that includes the statistical efficiency of the batch
+        # chosen, which at 16 GPUs and m = 1 is about (3 + 1) / (3 + 16) = 0.21 here,
+        # and once fell below the bound with an exact fit.)
+        kk = np.array([ks], dtype=float)
+        xfit = throughput(est.params, kk, np.where(kk <= 4, 1, kk // 4), m * kk)[0]
+        ratio = xfit / (rate * kk[0] ** p)
+        assert np.all(ratio > 0.2) and np.all(ratio < 5.0), ratio
 
 
 def test_sizes_on_which_no_batch_fits_the_per_gpu_limit_are_infeasible():
