@@ -130,8 +130,8 @@ def check_database_url(key: str, value: str) -> str:
 
     Accepted: an SQLAlchemy URL whose backend is one of `SUPPORTED_DATABASE_BACKENDS`;
     for SQLite, the database file as an absolute path (``sqlite:////ABS/PATH``, four
-    slashes, no query parameters) or in memory (``sqlite://``). A password never
-    appears in the message.
+    slashes, no query parameters) or in memory (``sqlite://``); never a NUL byte. A
+    password never appears in the message.
 
     Raises:
         ConfigError: ``KEY = URL: expected ...`` (one line).
@@ -140,6 +140,10 @@ def check_database_url(key: str, value: str) -> str:
     from sqlalchemy.exc import ArgumentError
 
     example = "sqlite:////ABS/PATH.db or postgresql+psycopg://USER@HOST/DB"
+    if "\x00" in value:   # no file name or connection string can hold one
+        hidden = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", value)
+        raise ConfigError(f"{key} = {hidden!r}: contains a NUL byte (\\x00), which no file "
+                          f"name or database URL can hold")
     try:
         u = make_url(value)
     except (ArgumentError, ValueError):

@@ -24,13 +24,19 @@ last argument (script arguments are not supported: pass them through the
 environment). GPU requests (``--gres``, ``--gpus*``, ``-G``, ``-N``/``--nodes``)
 are refused: the spec decides the size; so are options that would undo the
 contract (``--no-requeue``, an ``--open-mode`` other than append, an
-``--export`` without ALL: `contract_conflict`). Prints the job id. Exit codes: 0
-submitted, 1 Slurm refused or did not answer, 2 bad input (one line naming the
-field and the value, e.g. a bad spec).
+``--export`` without ALL: `contract_conflict`). The script's ``#SBATCH`` lines are
+read as sbatch reads them (`script_directives`); what sbatch would refuse in them is
+refused first, naming the line: e.g. ``#SBATCH --comment=malleable:gpus=1-4
+step=2``, where sbatch splits the line at the blank, takes ``malleable:gpus=1-4``
+for the comment and refuses the script over ``step=2`` ("Invalid directive"),
+so submit tells to join the spec's fields by commas or to quote the comment.
+Prints the job id. Exit codes: 0 submitted, 1 Slurm refused or did not answer, 2
+bad input (one line naming the field and the value, e.g. a bad spec).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -75,11 +81,23 @@ class SubmitError(Exception):
 
 def script_directives(path: str) -> list[str]:
     """The option words of a batch script's ``#SBATCH`` lines (those sbatch reads: up to
-    the first line that is neither blank nor a comment).
+    the first line that is neither blank nor a comment), split as sbatch splits them
+    (`_split_directive`).
+
+    Args:
+        path: the batch script.
+
+    Returns:
+        The words of every ``#SBATCH`` line, in order (sbatch reads them as one
+        command line).
 
     Raises:
-        SubmitError: the script cannot be read, or its first line is not ``#!`` and an
-            interpreter (sbatch refuses such a script).
+        SubmitError: the script cannot be read; its first line is not ``#!`` and an
+            interpreter; it has DOS line breaks; an ``#SBATCH`` line has an unmatched
+            quote; or a word is neither an option nor an option's value
+            (`_stray_word`), e.g. ``step=2`` in ``#SBATCH --comment=malleable:gpus=1-4
+            step=2``: sbatch refuses each of these scripts, so submit refuses them first,
+            naming the line (exit 2).
     """
     try:
         # (newline="": line breaks as written, so that DOS ones are seen)
@@ -93,7 +111,7 @@ def script_directives(path: str) -> list[str]:
     if "\r\n" in text:
         raise SubmitError(f"script {path}: DOS line breaks (\\r\\n), which sbatch refuses "
                           f"(convert it, e.g. with dos2unix)")
-    words: list[str] = []
+    lines: list[tuple[int, str, list[str]]] = []
     for i, raw in enumerate(text.splitlines()):
         line = raw.strip()
         if i == 0 and line.startswith("#!"):
@@ -102,33 +120,168 @@ def script_directives(path: str) -> list[str]:
             break
         m = _SBATCH_LINE.match(raw.rstrip("\r"))
         if m:
-            words.extend(_split_directive(m.group(1)))
-    return words
+            try:
+                lines.append((i + 1, line, _split_directive(m.group(1))))
+            except ValueError as exc:
+                raise SubmitError(f"script {path}: line {i + 1}: {line}: {exc}, which "
+                                  f"sbatch refuses") from None
+    stray = _stray_word(lines)
+    if stray is not None:
+        raise SubmitError(f"script {path}: {stray}")
+    return [w for _, _, words in lines for w in words]
 
 
 def _split_directive(text: str) -> list[str]:
-    """Split an #SBATCH line's options like sbatch does (quotes group, an unquoted #
-    ends the line)."""
-    words, cur, quote, has = [], [], "", False
-    for ch in text:
-        if quote:
-            if ch == quote:
-                quote = ""
-            else:
-                cur.append(ch)
-        elif ch in "\"'":
-            quote, has = ch, True
-        elif ch.isspace():
-            if cur or has:
-                words.append("".join(cur))
-            cur, has = [], False
-        elif ch == "#":     # (unquoted, even inside a word: sbatch ends the line there)
-            break
-        else:
+    """Split an #SBATCH line's options like sbatch does: blanks separate words unless
+    quoted (a backslash does not join them), quotes group, a backslash takes the next
+    character as it is (\\# \\" \\'), an unquoted # ends the line, and so does an empty
+    word ("" or '').
+
+    Raises:
+        ValueError: an unmatched quote (sbatch stops with "Unmatched `"`").
+    """
+    words: list[str] = []
+    pos, n = 0, len(text)
+    while True:
+        while pos < n and text[pos].isspace():
+            pos += 1
+        cur: list[str] = []
+        quote, escaped = "", False
+        while pos < n and (quote or not text[pos].isspace()):
+            ch = text[pos]
+            pos += 1
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+                continue
+            elif quote:
+                if ch == quote:
+                    quote = ""
+                    continue
+            elif ch in "\"'":
+                quote = ch
+                continue
+            elif ch == "#":     # (unquoted, even inside a word: sbatch ends the line there)
+                pos = n
+                break
             cur.append(ch)
-    if cur or has:
+        if quote:
+            raise ValueError(f"unmatched {quote} quote")
+        if not cur:             # the end of the line, a #, or an empty word: sbatch stops
+            return words
         words.append("".join(cur))
-    return words
+
+
+# What sbatch reads a directive word as (getopt's view, `_stray_word`): an option, the
+# value of the option before it, either (the value of a long option whose arity submit
+# does not know), or nothing after "--" (getopt stops there).
+_OPTION, _VALUE, _EITHER, _NONE = "option", "value", "either", "none"
+# The words that separate the components of a heterogeneous job (each is read afresh).
+_HETJOB_WORDS = ("hetjob", "packjob")
+# sbatch long options submit knows to take a value ("--comment TEXT" too) or none.
+_LONG_VALUED = frozenset(("comment", "nodes", "gres", "gpus", "gpus-per-node",
+                          "gpus-per-task", "gpus-per-socket", "tres-per-node",
+                          "tres-per-task", "open-mode", "export", "wrap", "signal"))
+_LONG_NO_VALUE = frozenset(("requeue", "no-requeue"))
+
+
+def _after_short(word: str) -> str:
+    """What the word after a bundle of short options is: the last option's value when it
+    takes one and the bundle ends at it (``-p gpu``), else an option (``-pgpu``, ``-H``;
+    -k's value is optional, so only ever attached)."""
+    letters = word[1:]
+    for j, ch in enumerate(letters):
+        if ch in _SHORT_NO_ARG:
+            continue
+        if ch == "k":
+            return _OPTION
+        return _VALUE if j == len(letters) - 1 else _OPTION
+    return _OPTION
+
+
+def _stray_word(lines: list[tuple[int, str, list[str]]]) -> str | None:
+    """The first directive word sbatch would refuse as "Invalid directive found in batch
+    script", described on one line, or None.
+
+    sbatch reads the words of all ``#SBATCH`` lines as one command line, with getopt,
+    and refuses the script at the first word that is neither an option nor the value
+    of the option before it: ``step=2`` in ``#SBATCH --comment=malleable:gpus=1-4
+    step=2`` (the comment is ``malleable:gpus=1-4``; it does not drop ``step=2``). Only
+    what is sure is reported: after a long option whose arity submit does not know
+    (``--partition gpu``), the next word is taken for its value.
+
+    Args:
+        lines: (line number, line, words) of each ``#SBATCH`` line, in order.
+
+    Returns:
+        "line N: LINE: why", naming the refused words; for words after a comment's
+        value, how to write the comment instead (quoted, or its spec's fields joined by
+        commas). None if sbatch would read every word.
+    """
+    state = _OPTION
+    comment_at: tuple[int, int, str] | None = None   # (line, word, value) of the comment
+    comment_next = False                          # the next word is the comment's value
+    for li, (lineno, line, words) in enumerate(lines):
+        for k, w in enumerate(words):
+            if state == _VALUE:
+                state = _OPTION
+                if comment_next:
+                    comment_at, comment_next = (li, k, w), False
+                continue
+            if state != _NONE and w.lower() in _HETJOB_WORDS:
+                state = _OPTION       # the next component's options start afresh
+                break
+            if state != _NONE and w.startswith("-") and w != "-":
+                if w == "--":
+                    state = _NONE
+                    continue
+                if w.startswith("--"):
+                    name, eq, _ = w[2:].partition("=")
+                    is_comment = len(name) >= 3 and "comment".startswith(name)
+                    if eq:
+                        state = _OPTION
+                        if is_comment:
+                            comment_at = (li, k, w.split("=", 1)[1])
+                    elif name in _LONG_VALUED or is_comment:
+                        state, comment_next = _VALUE, is_comment
+                    else:
+                        state = _OPTION if name in _LONG_NO_VALUE else _EITHER
+                else:
+                    state = _after_short(w)
+                continue
+            if state == _EITHER:
+                state = _OPTION
+                continue
+            refused = list(itertools.takewhile(lambda x: not x.startswith("-"), words[k:]))
+            if comment_at is not None and comment_at[:2] == (li, k - 1):
+                return f"line {lineno}: {line}: " + _split_comment(comment_at[2], refused)
+            why = ("getopt reads no option after --" if state == _NONE
+                   else "neither an option nor an option's value")
+            return (f"line {lineno}: {line}: {' '.join(refused) or w!r}: {why}; sbatch "
+                    f"refuses the script (Invalid directive found in batch script); quote "
+                    f"a value that holds blanks")
+    return None
+
+
+def _split_comment(value: str, refused: list[str]) -> str:
+    """Why the words ``refused`` after a comment's ``value`` (on its line) are refused,
+    and how to write the comment instead."""
+    joined = " ".join([value, *refused])
+    q = "'" if '"' in joined else '"'
+    fix = f"quote the comment: --comment={q}{joined}{q}"
+    try:
+        spec_fields(joined)
+    except SpecError:          # quoted, the spec would end at the blank: use commas
+        commas = ",".join([value, *refused])
+        span = find_spec(commas)
+        if span is not None and span[1] == len(commas) and find_spec(value) is not None:
+            fix = f"separate the spec's fields by commas: --comment={commas}"
+        else:
+            fix += " (and separate the spec's fields by commas)"
+    return (f"sbatch splits #SBATCH lines at blanks: the comment would be {value!r}, and "
+            f"sbatch refuses the script over {' '.join(refused)!r}, which is not an option "
+            f"(Invalid directive found in batch script); {fix}")
 
 
 def comment_in(words: list[str]) -> str | None:
@@ -548,8 +701,11 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
     --tres-per-node) are refused: the spec decides the size. So are --no-requeue, an
     --open-mode other than append, an --export without ALL, and --wrap. In the
     script's #SBATCH lines the same GPU requests (but --gres and --nodes, which
-    submit's own replace) and --export are refused too. Script
-    arguments are not supported: pass them through the environment. Without a batch
+    submit's own replace) and --export are refused too, and so is a word sbatch
+    would refuse: sbatch splits #SBATCH lines at blanks, so in
+    `#SBATCH --comment=malleable:gpus=1-4 step=2` the comment ends at the blank and
+    step=2 is refused (write gpus=1-4,step=2, or quote a comment that holds blanks).
+    Script arguments are not supported: pass them through the environment. Without a batch
     size (--batch), the daemon leaves the job to Slurm until the job logs one.
 
     Prints the job id. Exit status: 0 submitted, 1 Slurm refused or did not answer,

@@ -8,9 +8,11 @@ Commands::
 
 Each takes ``--config PATH`` (the TOML file) and ``--database-url URL``
 (overrides ``[database] url``). A database that cannot be used (not SQLite,
-read-only, disk full, unreachable), a bad configuration or a schema from a
-newer malleable prints one line ``malleable db CMD: error: WHERE: CAUSE`` on
-stderr and exits with 2, without a traceback.
+read-only, disk full, unreachable), a bad configuration, a schema from a
+newer malleable or, for ``upgrade``, another application's database (tables but
+no malleable schema version: `schema.upgrade` refuses to write beside them)
+prints one line ``malleable db CMD: error: WHERE: CAUSE`` on stderr and exits
+with 2, without a traceback.
 """
 
 from __future__ import annotations
@@ -26,9 +28,20 @@ from typing import Any
 import click
 from sqlalchemy import Engine
 
-from malleable.config import ConfigError, check_database_url, load_config
+from malleable.config import (
+    Config,
+    ConfigError,
+    check_database_url,
+    load_config,
+)
 from malleable.db import schema
-from malleable.db.engine import describe_url, engine_from_config, missing_dirs, sqlite_path
+from malleable.db.engine import (
+    check_readable_sqlite_file,
+    describe_url,
+    engine_from_config,
+    missing_dirs,
+    sqlite_path,
+)
 from malleable.db.errors import StoreError
 
 
@@ -52,8 +65,34 @@ def _fail(ctx: click.Context, message: str) -> None:
     ctx.exit(2)
 
 
-def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Open the database from the options, pass the engine on, turn store errors into exit 2."""
+def _readonly_engine(config: Config, database_url: str | None) -> Engine:
+    """An engine that only reads the database (``db current``): an SQLite file through
+    SQLite's read-only mode (`malleable.ops.access.readonly_sqlite_engine`: no switch
+    to WAL, no -wal or -shm file created, works without write permission), another
+    database as `engine_from_config` opens it (`schema.schema_status` reads it in a
+    read-only transaction).
+
+    Raises:
+        DatabaseUnavailable: missing, unreadable, not a database, or in memory.
+    """
+    url = database_url or config.database.url
+    path = sqlite_path(url)
+    if path is None:   # not SQLite, or in memory (which engine_from_config refuses)
+        return engine_from_config(config, url=database_url, create=False)
+    check_readable_sqlite_file(path)
+    # (the admin commands' read-only opening; imported here: malleable.ops imports this module)
+    from malleable.ops.access import readonly_sqlite_engine
+
+    return readonly_sqlite_engine(path, config.database.busy_timeout_ms, no_new_files=True)
+
+
+def _with_engine(create: bool, readonly: bool = False
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Open the database from the options, pass the engine on, turn store errors into exit 2.
+
+    ``readonly``: open it only to read (`_readonly_engine`), for a command that never
+    writes; ``create`` must then be False.
+    """
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -70,7 +109,8 @@ def _with_engine(create: bool) -> Callable[[Callable[..., Any]], Callable[..., A
                 if create:
                     new_file = _missing_sqlite_file(database_url or config.database.url)
                     new_dirs = missing_dirs(new_file.parent) if new_file is not None else []
-                engine = engine_from_config(config, url=database_url, create=create)
+                engine = (_readonly_engine(config, database_url) if readonly else
+                          engine_from_config(config, url=database_url, create=create))
                 ctx.meta[_CONFIG_KEY] = config
                 fn(engine, **kw)
                 done = True
@@ -164,7 +204,11 @@ def db() -> None:
 @_with_engine(create=True)
 def upgrade(engine: Engine, to: str) -> None:
     """Create the schema in an empty database or upgrade it (creates a missing SQLite file
-    and its missing directories, and says so; if that fails, they are removed again)."""
+    and its missing directories, and says so; if that fails, they are removed again).
+
+    A database that holds other tables but no malleable schema version (another
+    application's) is refused, naming a few of its tables; nothing is written to it.
+    """
     before, after = schema.upgrade(engine, to)
     where = describe_url(engine.url)
     if before == after:
@@ -175,9 +219,10 @@ def upgrade(engine: Engine, to: str) -> None:
 
 @db.command()
 @store_options
-@_with_engine(create=False)
+@_with_engine(create=False, readonly=True)
 def current(engine: Engine) -> None:
-    """Print the database's schema revision and this malleable's newest one."""
+    """Print the database's schema revision and this malleable's newest one (read-only:
+    works on a file you may only read, and changes nothing)."""
     st = schema.schema_status(engine)
     if st.current is None:
         state = ("empty: run `malleable db upgrade`" if st.empty

@@ -17,6 +17,11 @@ connection gets
 * ``journal_size_limit`` 64 MiB: the WAL file is truncated back after a
   checkpoint instead of keeping its largest size forever.
 
+WAL mode is written into the file, so it is not set on another application's
+database (tables but no Alembic version table, `foreign_sqlite`): the schema
+layer refuses such a database (`NotMalleableDatabase`), and the file is left as
+it was.
+
 Transactions: sqlite3's own implicit BEGIN is turned off and the engine
 emits ``BEGIN IMMEDIATE`` for every transaction of a read-write session (the
 write lock is taken up front and waited for under ``busy_timeout``; a
@@ -120,6 +125,18 @@ def _cause_of(exc: BaseException, path: Path | None = None) -> str:
     return cause
 
 
+def sqlite_cause(exc: BaseException, path: Path | None = None) -> str:
+    """Why an SQLite error happened, in the words `make_engine`'s errors use ("not an
+    SQLite database (...)", "disk full (N bytes free; ...)", ...), for an engine opened
+    elsewhere (`malleable.ops.access.readonly_sqlite_engine`).
+
+    Args:
+        exc: the error (an ``sqlite3.Error``, or SQLAlchemy's wrapping one).
+        path: the database file, to tell a full disk from another I/O error.
+    """
+    return _cause_of(exc, path)
+
+
 def _is_unavailable(exc: BaseException) -> bool:
     """True for errors that mean the database itself is unusable (not a bug in a statement)."""
     orig = getattr(exc, "orig", None)
@@ -165,7 +182,18 @@ def _create_sqlite_file(path: Path) -> None:
     os.close(fd)
 
 
-def _check_sqlite_file(path: Path, create: bool) -> None:
+def check_readable_sqlite_file(path: Path) -> None:
+    """Refuse an SQLite file that a command which only reads cannot use: missing (it is
+    not created), a directory, unreadable, or empty. Unlike `make_engine`, a file the
+    caller may not write passes.
+
+    Raises:
+        DatabaseUnavailable: naming the path and the cause, as `make_engine` words it.
+    """
+    _check_sqlite_file(path, create=False, write=False)
+
+
+def _check_sqlite_file(path: Path, create: bool, write: bool = True) -> None:
     where = str(path)
     if path.is_dir():
         raise DatabaseUnavailable(where, "is a directory, not a database file")
@@ -182,7 +210,7 @@ def _check_sqlite_file(path: Path, create: bool) -> None:
         # a header into it: a command that only reads must not change a file.
         raise DatabaseUnavailable(where, "an empty file, not a state store (run `malleable "
                                   "db upgrade` to create one)")
-    if not os.access(path, os.W_OK):
+    if write and not os.access(path, os.W_OK):
         why = ("read-only file system" if _on_readonly_fs(path)
                else "read-only file (no write permission)")
         raise DatabaseUnavailable(where, why)
@@ -207,6 +235,31 @@ def _on_readonly_fs(path: Path) -> bool:
         return False
 
 
+# The version table of malleable's schema (malleable.db.schema.VERSION_TABLE, which
+# imports this module).
+_VERSION_TABLE = "alembic_version"
+
+
+def foreign_sqlite(dbapi_conn: Any) -> bool:
+    """Whether an SQLite database holds tables but no schema version table: another
+    application's, which malleable must not write to (the schema layer refuses it).
+
+    Args:
+        dbapi_conn: an open sqlite3 connection.
+
+    Returns:
+        True if it has a table (SQLite's own ``sqlite_*`` aside) and none is
+        ``alembic_version``; False for an empty database or a malleable one.
+
+    Raises:
+        sqlite3.DatabaseError: the file is not a database (or cannot be read).
+    """
+    names = {row[0] for row in dbapi_conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
+        "ESCAPE '\\'")}
+    return bool(names) and _VERSION_TABLE not in names
+
+
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -215,10 +268,13 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode and str(mode[0]).lower() != "wal" and engine.url.database not in (
-                    None, "", ":memory:"):
-                raise sqlite3.OperationalError(f"cannot switch to WAL (journal_mode={mode[0]})")
+            # (not in another application's database: the mode is written into the file)
+            if not foreign_sqlite(dbapi_conn):
+                mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()
+                if mode and str(mode[0]).lower() != "wal" and engine.url.database not in (
+                        None, "", ":memory:"):
+                    raise sqlite3.OperationalError(
+                        f"cannot switch to WAL (journal_mode={mode[0]})")
             cur.execute("PRAGMA foreign_keys = ON")
             cur.execute("PRAGMA synchronous = FULL")
             cur.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")

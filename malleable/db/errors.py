@@ -73,6 +73,23 @@ class NotMalleableDatabase(SchemaError):
     """The database holds tables but no malleable schema version (someone else's database)."""
 
 
+class CorruptSetting(StoreError):
+    """A row of the ``settings`` table whose value is not valid JSON, or not the kind of
+    value its key holds (the database was edited by hand: every writer stores JSON of
+    the right kind).
+
+    Attributes:
+        key: the setting's key; text: its stored value as text (shortened in the message).
+    """
+
+    def __init__(self, key: str, text: str, fix: str = "", why: str = "not valid JSON"):
+        shown = text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+        super().__init__(f"settings row {key!r} holds {shown!r}, which is {why} (was the "
+                         f"database edited by hand?)" + (f"; {fix}" if fix else ""))
+        self.key = key
+        self.text = text
+
+
 class LeaseError(StoreError):
     """A failure of the single-daemon lease."""
 

@@ -17,7 +17,12 @@ What the daemon does at start (`prepare_schema`):
 * newer schema (a revision this malleable does not know): `SchemaTooNew`,
   naming the revision found and, when recorded, the malleable version that
   wrote it;
-* tables but no Alembic version: `NotMalleableDatabase`.
+* tables but no Alembic version: `NotMalleableDatabase`, naming a few of them.
+
+`upgrade` (``malleable db upgrade``) refuses such a database too: it creates the
+schema only in an empty database or upgrades malleable's own, and never writes
+malleable's tables beside another application's (nor fails half-way on a table of
+the same name, e.g. ``jobs``).
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ class SchemaStatus:
         known: this malleable knows ``current`` (False: a newer malleable wrote it).
         empty: no tables at all (or only an empty version table).
         written_by: the malleable version that last upgraded it ("" unknown).
+        tables: the names of its tables but the version table, sorted.
     """
 
     where: str
@@ -105,6 +111,7 @@ class SchemaStatus:
     known: bool
     empty: bool
     written_by: str = ""
+    tables: tuple[str, ...] = ()
 
     @property
     def up_to_date(self) -> bool:
@@ -121,7 +128,19 @@ def _status(conn: Connection, where: str) -> SchemaStatus:
     head = head_revision()
     known = current is None or current in known_revisions()
     empty = current is None and not (tables - {VERSION_TABLE})
-    return SchemaStatus(where, current, head, known, empty, written_by)
+    return SchemaStatus(where, current, head, known, empty, written_by,
+                        tuple(sorted(tables - {VERSION_TABLE})))
+
+
+def _not_malleable(st: SchemaStatus) -> NotMalleableDatabase:
+    """The error for a database with tables but no malleable schema version, naming up
+    to five of its tables."""
+    shown = ", ".join(st.tables[:5]) + (f" and {len(st.tables) - 5} more"
+                                        if len(st.tables) > 5 else "")
+    return NotMalleableDatabase(
+        f"{st.where}: not a malleable database: it holds tables ({shown}) but no malleable "
+        f"schema version ({VERSION_TABLE}); malleable writes its tables only into an empty "
+        f"database or its own: give a new file or an empty database")
 
 
 def schema_status(engine: Engine) -> SchemaStatus:
@@ -169,8 +188,7 @@ def check_schema(engine: Engine) -> str:
         raise SchemaMissing(f"{st.where}: the database has no malleable schema; "
                             f"run `malleable db upgrade`")
     if st.current is None:
-        raise NotMalleableDatabase(f"{st.where}: holds tables but no malleable schema version "
-                                   f"(not a malleable database?)")
+        raise _not_malleable(st)
     if not st.known:
         raise _too_new(st)
     raise SchemaTooOld(f"{st.where}: schema revision {st.current} is older than this malleable's "
@@ -215,6 +233,8 @@ def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str | None]:
         (revision before, revision after); None means no schema.
 
     Raises:
+        NotMalleableDatabase: the database holds tables but no malleable schema version
+            (another application's): nothing is written to it.
         SchemaTooNew: the database is at a revision this malleable does not know.
         StoreError: ``to`` is not a known revision or is older than the current one.
         DatabaseUnavailable: the database cannot be written (read-only, disk full, ...).
@@ -222,6 +242,8 @@ def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str | None]:
     where = describe_url(engine.url)
     with engine.connect() as conn, conn.begin():
         st = _status(conn, where)
+        if st.current is None and not st.empty:
+            raise _not_malleable(st)
         if not st.known:
             raise _too_new(st)
         target = _resolve(to, where)

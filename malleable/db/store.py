@@ -15,6 +15,7 @@ times are timezone-aware UTC datetimes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -27,15 +28,18 @@ from sqlalchemy import (
     Row,
     Select,
     bindparam,
+    delete,
     func,
     insert,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.types import NullType
 
 from malleable.db.models import (
     FINISHED_STATES,
@@ -944,6 +948,34 @@ _POLICY_SETTINGS = select(Setting.key, Setting.value).where(
     Setting.key.in_((POLICY_NAME_KEY, POLICY_PARAMS_KEY)))
 
 
+_RAW_SETTINGS = select(Setting.key, type_coerce(Setting.value, NullType())).where(
+    Setting.key.in_(bindparam("keys", expanding=True)))
+
+
+def corrupt_setting(session: Session, keys: Collection[str]) -> tuple[str, str] | None:
+    """The first of ``keys`` whose stored value is not valid JSON, or None.
+
+    Reading such a row through `Setting` raises the JSON decoder's ValueError (an
+    SQLite file edited by hand: ``UPDATE settings SET value = '{bad'``); the admin
+    commands ask here first to name the key instead. PostgreSQL's JSONB holds valid
+    JSON only: None there, without a query.
+
+    Returns:
+        ``(key, the stored value as text)``, or None when every row of ``keys`` that
+        exists decodes.
+    """
+    if session.get_bind().dialect.name != "sqlite":
+        return None
+    for key, raw in sorted(run_core(session, _RAW_SETTINGS, {"keys": list(keys)}).all()):
+        if raw is None:   # SQL NULL: read as None, as `get_setting` reads it
+            continue
+        try:
+            json.loads(raw)
+        except (TypeError, ValueError):   # not text (an INTEGER, a BLOB), or not JSON
+            return key, raw if isinstance(raw, str) else repr(raw)
+    return None
+
+
 def get_setting(session: Session, key: str, default: Any = None) -> Any:
     """The value (any JSON value) of setting ``key``, or ``default`` when unset."""
     row = run_core(session, _SETTING, {"key": key}).first()
@@ -1054,11 +1086,16 @@ def set_policy(session: Session, name: str, params: Mapping[str, Any] | None = N
     set_setting(session, POLICY_PARAMS_KEY, dict(params or {}), now)
 
 
+_CLEAR_POLICY = delete(Setting).where(Setting.key.in_((POLICY_NAME_KEY, POLICY_PARAMS_KEY)))
+
+
 def clear_policy(session: Session) -> bool:
     """Forget an operator's policy choice: the configuration's ``[policy]`` applies again
-    from the daemon's next cycle. Returns True if a choice was stored."""
-    rows = [r for r in (session.get(Setting, POLICY_NAME_KEY),
-                        session.get(Setting, POLICY_PARAMS_KEY)) if r is not None]
-    for r in rows:
-        session.delete(r)
-    return bool(rows)
+    from the daemon's next cycle. Returns True if a choice was stored.
+
+    The rows are deleted without being read, so a value that is not valid JSON
+    (`corrupt_setting`) is cleared too; `Setting` entities the session had loaded
+    are expired."""
+    deleted = run_core(session, _CLEAR_POLICY).rowcount
+    _expire_loaded(session, Setting)
+    return bool(deleted)

@@ -28,12 +28,18 @@ from pathlib import Path
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from malleable.config import Config, check_database_url, load_config
-from malleable.db.engine import describe_url, engine_from_config, session_factory, sqlite_path
+from malleable.db.engine import (
+    describe_url,
+    engine_from_config,
+    session_factory,
+    sqlite_cause,
+    sqlite_path,
+)
 from malleable.db.errors import DatabaseUnavailable
 from malleable.db.schema import check_schema
 
@@ -51,7 +57,8 @@ def effective_config(config_path: str | None, database_url: str | None) -> Confi
 
     Raises:
         ConfigError: the file is missing (when named), unreadable or invalid, or
-            ``--database-url`` is not a supported URL (the same check as ``[database] url``).
+            ``--database-url`` is not a supported URL (the same check as ``[database] url``,
+            `malleable.config.check_database_url`; a NUL byte is refused there too).
     """
     config = load_config(config_path)
     if database_url is not None:   # '' too: an empty URL is refused, not ignored
@@ -90,13 +97,21 @@ def _stat(path: Path) -> os.stat_result | None:
         raise DatabaseUnavailable(str(path), exc.strerror or str(exc)) from None
 
 
-def _connect_readonly(path: Path, timeout_s: float) -> sqlite3.Connection:
+def _connect_readonly(path: Path, timeout_s: float, *,
+                      no_new_files: bool = False) -> sqlite3.Connection:
     """A read-only sqlite3 connection to ``path`` (see the module docstring).
+
+    ``no_new_files``: with no ``-wal`` file beside it (no daemon has it open; the file
+    is fully checkpointed), open it as ``immutable`` at once: a read-only connection
+    to a WAL database that may write its directory creates the ``-wal`` and ``-shm``
+    files and leaves them behind.
 
     Raises:
         sqlite3.Error: it cannot be opened or read.
     """
     uri = f"file:{quote(str(path))}?mode=ro"
+    if no_new_files and not Path(f"{path}-wal").exists():
+        uri += "&immutable=1"
     conn = sqlite3.connect(uri, uri=True, timeout=timeout_s, check_same_thread=False)
     try:
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -112,8 +127,12 @@ def _connect_readonly(path: Path, timeout_s: float) -> sqlite3.Connection:
     return conn
 
 
-def readonly_sqlite_engine(path: Path, busy_timeout_ms: int = 30000) -> Engine:
+def readonly_sqlite_engine(path: Path, busy_timeout_ms: int = 30000, *,
+                           no_new_files: bool = False) -> Engine:
     """An engine that reads the SQLite database ``path`` without write access to it.
+
+    ``no_new_files``: create no file beside it either, even where the caller could
+    (`_connect_readonly`; ``malleable db current``).
 
     Raises:
         DatabaseUnavailable: it cannot be opened or read (message names the path and
@@ -122,33 +141,36 @@ def readonly_sqlite_engine(path: Path, busy_timeout_ms: int = 30000) -> Engine:
     where = str(path)
 
     def creator() -> sqlite3.Connection:
-        return _connect_readonly(path, busy_timeout_ms / 1000.0)
+        return _connect_readonly(path, busy_timeout_ms / 1000.0, no_new_files=no_new_files)
 
-    engine = create_engine("sqlite://", creator=creator, poolclass=NullPool)
+    # The file's URL (the creator opens it): messages that name the engine's database,
+    # e.g. the schema check's, name the file, not ":memory:".
+    engine = create_engine(URL.create("sqlite", database=where), creator=creator,
+                           poolclass=NullPool)
 
     @event.listens_for(engine, "handle_error")
     def _on_error(ctx: ExceptionContext) -> None:
         orig = ctx.original_exception
         if isinstance(orig, sqlite3.OperationalError | sqlite3.DatabaseError):
-            raise DatabaseUnavailable(where, _cause(orig)) from orig
+            raise DatabaseUnavailable(where, _cause(orig, path)) from orig
 
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
     except sqlite3.Error as exc:  # raised by the creator, before SQLAlchemy wraps anything
         engine.dispose()
-        raise DatabaseUnavailable(where, _cause(exc)) from exc
+        raise DatabaseUnavailable(where, _cause(exc, path)) from exc
     return engine
 
 
-def _cause(exc: BaseException) -> str:
+def _cause(exc: BaseException, path: Path | None = None) -> str:
     msg = str(exc).strip() or type(exc).__name__
     low = msg.lower()
     if "unable to open" in low or "readonly" in low or "permission" in low:
         return f"{msg} ({READ_HINT})"
-    if "not a database" in low:
-        return "not an SQLite database (file is not a database)"
-    return msg
+    # Not a database, corrupt, a full disk (a reader of a WAL database may need to grow
+    # its -shm file), ...: as the read-write opening words them.
+    return sqlite_cause(exc, path)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from malleable.clitypes import LIMIT
 from malleable.db import store
 from malleable.db.models import Action, Job
 from malleable.ops.access import effective_config, open_store
@@ -80,7 +81,7 @@ def render_actions(doc: dict) -> str:
 @click.option("--since", metavar="DURATION|TIME", default=None,
               help="Only actions created within DURATION (90s, 30m, 2h, 1d, 1w) or since an "
                    "ISO 8601 TIME (UTC unless a zone is given).")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+@click.option("--limit", type=LIMIT, default=50, show_default=True,
               metavar="N", help="Show the newest N actions.")
 @handle_errors
 def actions(config_path: str | None, database_url: str | None, as_json: bool,

@@ -40,7 +40,8 @@ def set_paused(config_path: str | None, database_url: str | None, paused: bool) 
     require_operator(config, "pause the daemon" if paused else "resume the daemon")
     now = datetime.now(UTC)
     with open_store(config, write=True) as st, st.sessions() as s, s.begin():
-        was = store.is_paused(s)
+        # A pause state that is not valid JSON (edited by hand) is overwritten, as a change.
+        was = None if store.corrupt_setting(s, [store.PAUSED_KEY]) else store.is_paused(s)
         store.set_paused(s, paused, now)
         if was != paused:
             store.record_operator_change(s, store.PAUSED_BY_KEY,

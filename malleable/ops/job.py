@@ -22,6 +22,7 @@ import click
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from malleable.clitypes import GPUS_PER_NODE
 from malleable.db import store
 from malleable.db.models import FINISHED_STATES, Action, Decision, Job, ProgressSample, Target
 from malleable.mpl import pyplot
@@ -431,7 +432,7 @@ def job() -> None:
               type=click.Path(dir_okay=False, writable=False),
               help="Also draw the fitted speedup curve to PATH, in the format of its "
                    "extension (.png, .svg, .pdf, .jpg, ...; none: PNG).")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
+@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None, metavar="G",
               help="GPUs per node for the curve's node counts (default: from slurm.conf, "
                    "else inferred from the jobs).")
 @handle_errors

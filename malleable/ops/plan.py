@@ -55,7 +55,7 @@ from malleable.ops.output import (
     store_options,
     table,
 )
-from malleable.ops.status import policy_doc
+from malleable.ops.status import check_settings, policy_doc
 from malleable.slurm import connect_once
 from malleable.slurm.client import SlurmClient
 from malleable.slurm.records import JobState
@@ -129,12 +129,14 @@ def build_plan(config: Config, st: Store, slurm: SlurmClient, now: datetime) -> 
     Raises:
         Failed: Slurm did not answer the poll, or no node list could be read.
         DatabaseUnavailable: the store cannot be read.
+        CorruptSetting: the pause or the operator's policy is not valid JSON.
     """
     rpc0 = int(getattr(slurm, "rpc_count", 0))
     with _collect_warnings() as warnings, scratch_sessions(st) as sessions:
         d = Daemon(slurm=slurm, sessions=sessions, clock=lambda: now,
                    spool_dir=config.progress.spool_dir, config=config, dry_run=True)
         with sessions() as s:
+            check_settings(s, store.PAUSED_KEY)
             paused = store.is_paused(s)
             pol = policy_doc(s, config)
         report = CycleReport("decide", 0, now, paused=paused, dry_run=True)
@@ -258,5 +260,11 @@ def plan(config_path: str | None, database_url: str | None, as_json: bool) -> No
     """
     config = effective_config(config_path, database_url)
     with open_store(config) as st:
+        # The database first: what the plan reads of it before polling (the pause and
+        # the operator's policy) must be readable, or that is the error, without a
+        # Slurm round trip (connecting may ask slurmctld its version).
+        with st.sessions() as s:
+            check_settings(s, store.PAUSED_KEY)
+            policy_doc(s, config)
         doc = build_plan(config, st, connect_once(config.slurm), datetime.now(UTC))
     emit(doc, as_json, render_plan)

@@ -12,7 +12,9 @@ unknown parameters, wrong types and out-of-range values are refused with exit
 word that is not a TOML literal is a string, and ``null`` means None.
 
 ``reset`` forgets the operator's choice: the configuration's ``[policy]``
-applies again from the next decision.
+applies again from the next decision. Both ``reset`` and ``set`` replace a
+choice whose stored value is not valid JSON (a database edited by hand), which
+``show`` and ``status`` refuse to read (exit 2, naming the key).
 
 ``set`` and ``reset`` need root or the operator group (`malleable.ops.auth`);
 ``show`` and ``list`` are read-only (``list`` does not open the database).
@@ -35,6 +37,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from malleable.db import store
+from malleable.db.errors import CorruptSetting
 from malleable.db.models import Setting
 from malleable.ops.access import effective_config, open_store
 from malleable.ops.auth import actor, caller, require_operator
@@ -49,7 +52,7 @@ from malleable.ops.output import (
     store_options,
     table,
 )
-from malleable.ops.status import policy_doc, policy_problem_effect
+from malleable.ops.status import check_settings, policy_doc, policy_problem_effect
 from malleable.policies.registry import DEFAULT, available, get_policy, policy_class
 
 SCHEMA_SHOW = "malleable.policy/1"
@@ -159,6 +162,7 @@ def show_doc(s, config, where: str) -> dict:
     p = policy_doc(s, config)
     updated = set_by = None
     if p["source"] == "operator":
+        check_settings(s, store.POLICY_BY_KEY)
         row = s.get(Setting, store.POLICY_NAME_KEY)
         updated = iso(row.updated_at) if row is not None else None
         who = store.operator_change(s, store.POLICY_BY_KEY, ("policy set",))
@@ -284,10 +288,13 @@ def set_(name: str, assignments: tuple[str, ...], config_path: str | None,
     params = {k: v for k, v in validate_policy(name, params).items() if k in params}
     with open_store(config, write=True) as st:
         with st.sessions() as s, s.begin():
-            before = policy_doc(s, config)
             now = datetime.now(UTC)
-            changed = (before["name"], before["params"], before["source"]) != \
-                (name, params, "operator")
+            try:
+                before = policy_doc(s, config)
+                changed = (before["name"], before["params"], before["source"]) != \
+                    (name, params, "operator")
+            except CorruptSetting:   # a row edited by hand: overwritten here
+                changed = True
             if changed:   # (the same choice again keeps when and by whom it was made)
                 store.set_policy(s, name, params, now)
                 store.record_operator_change(s, store.POLICY_BY_KEY, "policy set", actor(),

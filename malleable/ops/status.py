@@ -22,6 +22,8 @@ when a healthy daemon has not polled Slurm successfully for longer than
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,8 +31,10 @@ import click
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from malleable.clitypes import GPUS_PER_NODE
 from malleable.config import Config
 from malleable.db import store
+from malleable.db.errors import CorruptSetting
 from malleable.db.lease import LEASE_ID, LeaseInfo, lease_health
 from malleable.db.models import FINISHED_STATES, Action, Job, Lease
 from malleable.ops.access import effective_config, open_store
@@ -85,8 +89,47 @@ def policy_problem_effect(source: str) -> str:
             "it is refused")
 
 
+_POLICY_FIX = ("`malleable policy reset` clears the operator's policy choice (or `malleable "
+               "policy set NAME` replaces it)")
+_PAUSE_FIX = ("`malleable resume` rewrites it (or `malleable pause`, to stay paused; each "
+              "writes who ran it when it changes the state)")
+# How to repair a settings row that is not valid JSON, by key (`check_settings`).
+SETTING_FIXES = {
+    store.POLICY_NAME_KEY: _POLICY_FIX,
+    store.POLICY_PARAMS_KEY: _POLICY_FIX,
+    store.POLICY_BY_KEY: _POLICY_FIX,
+    store.PAUSED_KEY: _PAUSE_FIX,
+    store.PAUSED_BY_KEY: ("`malleable resume` then `malleable pause` (or the other way "
+                          "round) rewrite it"),
+    store.LAST_POLL_KEY: "the daemon rewrites it at its next successful poll of Slurm",
+}
+
+
+def check_settings(s: Session, *keys: str) -> None:
+    """Refuse to go on when a ``settings`` row of ``keys`` is not valid JSON (the
+    database was edited by hand; reading it would raise the JSON decoder's error).
+
+    Raises:
+        CorruptSetting: (a `StoreError`: exit 2) naming the key, its stored text and
+            how to repair it (`SETTING_FIXES`).
+    """
+    bad = store.corrupt_setting(s, keys)
+    if bad is not None:
+        key, text = bad
+        raise CorruptSetting(key, text, SETTING_FIXES.get(key, "write valid JSON into it"))
+
+
 def policy_doc(s: Session, config: Config) -> dict:
-    """The active policy: name, params, what ``default`` resolves to, and who set it."""
+    """The active policy: name, params, what ``default`` resolves to, and who set it.
+
+    Raises:
+        CorruptSetting: ``policy.name`` or ``policy.params`` is not valid JSON.
+    """
+    check_settings(s, store.POLICY_NAME_KEY, store.POLICY_PARAMS_KEY)
+    stored = store.get_setting(s, store.POLICY_PARAMS_KEY)
+    if stored and not isinstance(stored, Mapping):   # (`active_policy` would fail on it)
+        raise CorruptSetting(store.POLICY_PARAMS_KEY, json.dumps(stored), _POLICY_FIX,
+                             why="not a JSON object (the policy's parameters)")
     name, params = store.active_policy(s, config.policy.name, config.policy.params)
     by_operator = store.get_setting(s, store.POLICY_NAME_KEY, None) is not None
     return {"name": name, "resolved": DEFAULT if name == "default" else name,
@@ -183,6 +226,7 @@ def job_rows(s: Session, jobs: list[Job], targets: dict[int, Any], gpus_per_node
 
 def _paused_by(s: Session) -> str | None:
     """Who ran `malleable pause` (user, uid, host, time), if the store recorded it."""
+    check_settings(s, store.PAUSED_BY_KEY)
     who = store.operator_change(s, store.PAUSED_BY_KEY, ("pause",))
     if who is None:
         return None
@@ -212,8 +256,16 @@ def build_status(s: Session, config: Config, now: datetime, *, where: str,
     # The daemon records each successful poll; a store written before that (or by
     # tests) has only the jobs' last_seen. With no job at all, last_seen says nothing.
     seen = s.scalar(select(func.max(Job.last_seen)))
+    check_settings(s, store.LAST_POLL_KEY, store.PAUSED_KEY)
     polled = store.get_setting(s, store.LAST_POLL_KEY)
-    polled = datetime.fromisoformat(polled) if isinstance(polled, str) else None
+    try:
+        polled = datetime.fromisoformat(polled) if isinstance(polled, str) else None
+    except ValueError:
+        raise CorruptSetting(store.LAST_POLL_KEY, json.dumps(polled),
+                             SETTING_FIXES[store.LAST_POLL_KEY],
+                             why="not an ISO 8601 time") from None
+    if polled is not None and polled.tzinfo is None:   # (the daemon writes UTC with +00:00)
+        polled = polled.replace(tzinfo=UTC)
     last_poll = max((t for t in (seen, polled) if t is not None), default=None)
     held = s.scalar(select(func.coalesce(func.sum(Job.gpus), 0)).where(
         Job.malleable.is_(True), Job.state == "RUNNING"))
@@ -374,7 +426,7 @@ def render_status(doc: dict) -> str:
 @store_options
 @json_option
 @click.option("--all", "include_finished", is_flag=True, help="List finished malleable jobs too.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None, metavar="G",
+@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None, metavar="G",
               help="GPUs per node for the goodput curve (default: from slurm.conf, else "
                    "inferred from the jobs).")
 @click.option("--check", is_flag=True,

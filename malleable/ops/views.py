@@ -33,6 +33,7 @@ from malleable.estimators.efficiency import optimal_batch
 from malleable.estimators.params import NUM_PARAMS, EstimateFlags, EstimatorConfig
 from malleable.estimators.pipeline import nodes_for, optimistic_cross_node
 from malleable.estimators.table import candidate_grid, feasible_mask
+from malleable.ops.output import BadInput
 
 RECENT_SAMPLES = 10
 """Progress lines of the current run that `recent_throughput` looks at."""
@@ -296,6 +297,11 @@ def slurm_conf_gpus_per_node(path: str | None = None) -> int | None:
 
     Args:
         path: slurm.conf; default ``$SLURM_CONF`` or /etc/slurm/slurm.conf.
+
+    Raises:
+        BadInput: a node's ``Gres=`` cannot be read (a count that is not a number, or
+            past 2**63 - 1): the message names the file, the line and the value, and
+            ``--gpus-per-node`` (which skips slurm.conf).
     """
     from malleable.slurm_conf.inventory import build_inventory
     from malleable.slurm_conf.parser import parse_slurm_conf
@@ -305,6 +311,11 @@ def slurm_conf_gpus_per_node(path: str | None = None) -> int | None:
     if not conf.readable:
         return None
     inventory, _ = build_inventory(conf, None)
+    bad = next((n for n in inventory.nodes if n.gres_error), None)
+    if bad is not None:
+        # g from the other nodes could be wrong: say so rather than guess.
+        raise BadInput(f"{bad.location}: node {bad.name}: {bad.gres_error}; fix the line "
+                       f"(`malleable conf check` checks the file), or give --gpus-per-node G")
     counts = Counter(n.gpus for n in inventory.nodes if n.gpus > 0)
     return counts.most_common(1)[0][0] if counts else None
 

@@ -55,6 +55,7 @@ from malleable.progress.reporter import (
 
 TAIL_BYTES = 64 * 1024
 _JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,20})?")   # squeue's ids: 123, 123_4 (array task)
+_NUMBER = re.compile(r"[0-9]{1,20}")
 
 
 def read_tail(path: str) -> bytes:
@@ -155,6 +156,35 @@ def check_environment(env: Mapping[str, str]) -> None:
             fail(f"{name}={raw}: expected an integer >= {least}")
 
 
+def check_job_environment(env: Mapping[str, str]) -> None:
+    """Refuse a job id from the environment that is not one Slurm gives.
+
+    The id names the progress file (``<spool>/<id>.jsonl``) and is in every line: a
+    non-numeric SLURM_JOB_ID (or array variables) would write a file the daemon never
+    reads, for a job that does not exist. The variables are read as
+    `malleable.progress.reporter.job_id_from_env` reads them.
+
+    Args:
+        env: the environment.
+
+    Raises:
+        SystemExit(2): the variables in use do not make an id such as 123 or 123_4
+            (one line on stderr naming each variable and its value).
+    """
+    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        if not (_NUMBER.fullmatch(array_job) and _NUMBER.fullmatch(task)):
+            fail(f"SLURM_ARRAY_JOB_ID={_shown(array_job)!r}, SLURM_ARRAY_TASK_ID="
+                 f"{_shown(task)!r}: expected two numbers (the job id 123_4 as squeue shows "
+                 f"it; it names the job's progress file <spool>/<id>.jsonl); pass --job ID")
+        return
+    name = "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID"
+    value = env.get(name, "")
+    if value and not _NUMBER.fullmatch(value):
+        fail(f"{name}={_shown(value)!r}: expected a Slurm job id, a number such as 123 (it "
+             f"names the job's progress file <spool>/<id>.jsonl); pass --job ID")
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print ``malleable report: error: <message>`` (one line) and exit with ``code``."""
     click.echo(f"malleable report: error: {message}", err=True)
@@ -182,13 +212,18 @@ class _Context:
                 size known (one line on stderr).
         """
         env = os.environ
-        job_id = job or job_id_from_env(env)
+        if job is not None and not _JOB_ID.fullmatch(job):   # '' too: not "unset"
+            fail(f"--job={job or repr(job)}: expected a Slurm job id such as 123 or 123_4 "
+                 f"(the daemon reads <spool>/<id>.jsonl by the id squeue shows)")
+        job_id = job if job is not None else job_id_from_env(env)
         if not job_id:
             fail("SLURM_JOB_ID is not set: run inside a Slurm job or pass --job ID")
-        if job and not _JOB_ID.fullmatch(job):
-            fail(f"--job={job}: expected a Slurm job id such as 123 or 123_4 (the daemon "
-                 f"reads <spool>/<id>.jsonl by the id squeue shows)")
+        if job is None:
+            check_job_environment(env)
         check_environment(env)
+        if spool is not None and not spool.strip():
+            fail(f"--spool={spool!r}: empty; expected the absolute path of the daemon's spool "
+                 f"(leave --spool out for ${ENV_SPOOL} or the system spool {DEFAULT_SPOOL})")
         if spool is None and ENV_SPOOL in env and not env[ENV_SPOOL].strip():
             fail(f"{ENV_SPOOL} is set but empty: expected the absolute path of the daemon's "
                  f"spool (unset it for the system spool {DEFAULT_SPOOL})")

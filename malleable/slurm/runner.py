@@ -9,6 +9,10 @@ Outcomes, in Slurm's own words where it has them:
 * any other non-zero exit -> `SlurmRejected` carrying Slurm's message
   (e.g. "Requested operation is presently disabled for job 12").
 
+Each command runs in a session (and process group) of its own; on a timeout the
+whole group is killed (SIGKILL) and reaped, so no child the command started (a
+wrapper script's own commands, say) keeps running after it.
+
 A change that is not idempotent (submit, signal, requeue) is retried only when
 Slurm says it could not connect at all ("connect failure"): after a timeout it
 may have been applied, and doing it twice would submit two jobs or deliver
@@ -17,8 +21,10 @@ two checkpoint signals. Every attempt counts as one RPC in ``rpc_count``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +35,10 @@ from malleable.slurm.client import SlurmError, SlurmRejected, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# After a timeout's kill: how long to wait for the rest of the output (a process the
+# kill could not reach, one that left the group, may hold the pipes open).
+REAP_S = 2.0
 
 # Messages meaning "the controller did not answer"; the first group proves the
 # request never reached it.
@@ -94,8 +104,7 @@ class CommandRunner:
         self.rpc_count += 1
         env = {**self.env, **extra_env} if extra_env else self.env
         try:
-            proc = subprocess.run(list(argv), env=env, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False, stdin=subprocess.DEVNULL)
+            returncode, stdout, stderr = run_group(argv, env, self.timeout_s)
         except subprocess.TimeoutExpired as exc:
             # What the command said before it was killed (e.g. squeue retrying to read a
             # missing slurm.conf for 60 s) says more than the timeout alone.
@@ -108,7 +117,7 @@ class CommandRunner:
                              "installed?") from None
         except OSError as exc:
             raise SlurmError(f"{argv[0]} could not run: {exc}") from None
-        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+        return CommandResult(tuple(argv), returncode, stdout, stderr)
 
     def run(self, argv: Sequence[str], *, idempotent: bool = True, job_id: str | None = None,
             extra_env: Mapping[str, str] | None = None) -> CommandResult:
@@ -142,6 +151,74 @@ class CommandRunner:
             return interpret(result)
         return with_retries(attempt, max_retries=self.max_retries, backoff_s=self.backoff_s,
                             sleep=self.sleep, idempotent=idempotent, what=argv[0])
+
+
+def run_group(argv: Sequence[str], env: Mapping[str, str],
+              timeout_s: float) -> tuple[int, str, str]:
+    """Run ``argv`` (no shell, stdin from /dev/null) in a new session, so in a process
+    group of its own, and collect its output as text.
+
+    On a timeout, or if the wait is interrupted (KeyboardInterrupt, ...), the whole
+    group is killed with SIGKILL (`kill_group`) and the command reaped:
+    `subprocess.run` kills only the command itself, and whatever it started (the
+    commands of a wrapper script) would keep running.
+
+    Args:
+        argv: the command and its arguments.
+        env: its whole environment.
+        timeout_s: seconds it may take.
+
+    Returns:
+        (exit status, stdout, stderr).
+
+    Raises:
+        subprocess.TimeoutExpired: it took longer than ``timeout_s``; its ``stdout`` and
+            ``stderr`` hold what the command wrote before it was killed.
+        OSError: it could not be started (FileNotFoundError: no such command).
+    """
+    with subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            kill_group(proc)
+            try:     # the rest of the output, now that the group is gone
+                stdout, stderr = proc.communicate(timeout=REAP_S)
+            except subprocess.TimeoutExpired:   # a process outside the group holds a pipe
+                stdout, stderr = exc.stdout, exc.stderr
+            raise subprocess.TimeoutExpired(proc.args, timeout_s, output=stdout,
+                                            stderr=stderr) from None
+        except BaseException:
+            kill_group(proc)
+            raise
+        return proc.returncode, stdout, stderr
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill the process group of ``proc`` (started with ``start_new_session=True``: the
+    group's id is its pid) with SIGKILL, then reap ``proc``.
+
+    Until it is reaped the command's pid, and with it the group id, cannot be reused,
+    so the signal cannot reach another group. A group that is already gone is not an
+    error; if the group cannot be signalled (not permitted), the command alone is
+    killed.
+
+    Args:
+        proc: a command started by `run_group`.
+
+    Returns:
+        None, once ``proc`` is reaped; a group that is gone or cannot be signalled
+        raises nothing.
+    """
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    proc.wait()
 
 
 def _last_line(output: str | bytes | None, most: int = 200) -> str:

@@ -12,6 +12,9 @@ import re
 
 from malleable.slurm_conf.records import GresSpec
 
+# The largest count taken: Slurm keeps GRES counts in 64-bit integers, and malleable's
+# GPU arithmetic (NumPy, the state store) in signed ones. A larger count is a typo.
+MAX_COUNT = 2 ** 63 - 1
 _SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4, "P": 1024 ** 5}
 _COUNT = re.compile(r"^(\d+)([KMGTP]?)$", re.IGNORECASE)
 
@@ -24,12 +27,19 @@ def parse_count(value: str) -> int:
     """Parse a GRES count such as ``4`` or ``10G`` (= 10 * 1024**3).
 
     Raises:
-        GresSpecError: not a non-negative integer with an optional K/M/G/T/P suffix.
+        GresSpecError: not a non-negative integer with an optional K/M/G/T/P suffix, or
+            more than `MAX_COUNT` (2**63 - 1) once the suffix is applied.
     """
     m = _COUNT.match(value.strip())
     if not m:
         raise GresSpecError(f"{value!r} is not a count (a number, optionally with K, M, G, T or P)")
-    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    digits = m.group(1).lstrip("0") or "0"
+    # (thousands of digits are too large too, before int(), which refuses over 4300 digits)
+    count = (MAX_COUNT + 1 if len(digits) > len(str(MAX_COUNT))
+             else int(digits) * _SUFFIX[m.group(2).upper()])
+    if count > MAX_COUNT:
+        raise GresSpecError(f"{value!r} is too large a count (at most {MAX_COUNT}, 2**63 - 1)")
+    return count
 
 
 def _split_items(value: str) -> list[str]:
@@ -79,9 +89,8 @@ def parse_gres(value: str) -> list[GresSpec]:
         if rest and rest[-1][:1].isdigit():
             try:
                 count = parse_count(rest[-1])
-            except GresSpecError:
-                raise GresSpecError(f"Gres={value}: {rest[-1]!r} in {raw!r} is not a count "
-                                    f"(a number, optionally with K, M, G, T or P)") from None
+            except GresSpecError as exc:
+                raise GresSpecError(f"Gres={value}: in {raw!r}, {exc}") from None
             rest = rest[:-1]
         no_consume = False
         if rest and rest[-1].lower() == "no_consume":

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from malleable.slurm.hostlist import HostlistError, compress_hostlist, expand_hostlist
-from malleable.slurm_conf.gres import GresSpecError, parse_count, parse_gres
+from malleable.slurm_conf.gres import MAX_COUNT, GresSpecError, parse_count, parse_gres
 from malleable.slurm_conf.parser import ParsedConf, Record
 from malleable.slurm_conf.records import (
     Finding,
@@ -48,6 +48,7 @@ class _Node:
     record: Record
     params: dict[str, str]
     gres: list[GresSpec] = field(default_factory=list)
+    gres_error: str | None = None   # why its Gres= could not be read (then gres is [])
 
     @property
     def gpus(self) -> int:
@@ -89,10 +90,16 @@ def _nodes(slurm: ParsedConf, findings: list[Finding]) -> list[_Node]:
                                     "write the node names as a hostlist such as node[1-4,7]"))
             continue
         gres: list[GresSpec] = []
+        gres_error = None
         if params.get("gres"):
             try:
                 gres = parse_gres(params["gres"])
+                total = sum(g.count for g in gres if g.name.lower() == GPU)
+                if total > MAX_COUNT:
+                    raise GresSpecError(f"Gres={params['gres']}: {total} GPUs in all, more "
+                                        f"than {MAX_COUNT} (2**63 - 1)")
             except GresSpecError as exc:
+                gres, gres_error = [], str(exc)
                 findings.append(Finding(Severity.ERROR, "gpu-nodes", rec.location, str(exc),
                                         "write Gres=gpu:COUNT or Gres=gpu:TYPE:COUNT, "
                                         "e.g. Gres=gpu:a100:4"))
@@ -110,7 +117,7 @@ def _nodes(slurm: ParsedConf, findings: list[Finding]) -> list[_Node]:
                     f"Slurm ignores the repeated definition",
                     f"define {name} on one NodeName line only"))
                 continue
-            nodes[name] = _Node(name, rec, params, gres)
+            nodes[name] = _Node(name, rec, params, gres, gres_error)
     return list(nodes.values())
 
 
@@ -425,7 +432,8 @@ def build_inventory(slurm: ParsedConf, gres: ParsedConf | None,
             name=n.name, gpus=n.gpus, gpu_types=tuple((g.type, g.count) for g in gpu_specs),
             gres=tuple(n.gres), location=n.record.location,
             partitions=tuple(member_of.get(n.name, ())), gres_conf_gpus=gres_gpus,
-            device_files=files, autodetect=auto, state=n.params.get("state")))
+            device_files=files, autodetect=auto, state=n.params.get("state"),
+            gres_error=n.gres_error))
     pinfos = []
     for rec, params, members in parts:
         gpu_members = [m for m in members if gpus.get(m, 0) > 0]

@@ -109,6 +109,10 @@ class NodeInfo:
         autodetect: the gres.conf AutoDetect mechanism in force for it
             (``"nvml"``, ``"rsmi"``, ...), or None.
         state: the ``State=`` of its NodeName line (e.g. ``"UNKNOWN"``), or None.
+        gres_error: why its ``Gres=`` could not be read (the ``gpu-nodes`` finding's
+            message, e.g. a count that is not a number or is too large), or None; a
+            node whose Gres cannot be read counts no GRES. Not in `to_dict` (the
+            findings carry it).
     """
 
     name: str
@@ -121,6 +125,7 @@ class NodeInfo:
     device_files: tuple[str, ...] = ()
     autodetect: str | None = None
     state: str | None = None
+    gres_error: str | None = None
 
     def to_dict(self) -> dict:
         """The JSON object of a node (docs/conf-check.md, ``inventory.nodes[]``)."""

@@ -7,7 +7,7 @@ message. The full disk is a tiny tmpfs mounted here (as root; as another user
 a file size limit, RLIMIT_FSIZE, plays the full disk); the read-only cases are
 a file without write permission for the user running the command (as root,
 the command runs as ``nobody``, because root may write any file) and a
-read-only mount.
+read-only mount; there `db current`, which only reads, works.
 """
 
 from __future__ import annotations
@@ -104,9 +104,11 @@ def test_read_only_file(shared_dir):
     else:
         db.chmod(0o444)
         user = None
-    for cmd in ("upgrade", "current"):
-        assert_one_line_error(run_db(cmd, url=url, user=user), cmd, db,
-                              "read-only file (no write permission)")
+    assert_one_line_error(run_db("upgrade", url=url, user=user), "upgrade", db,
+                          "read-only file (no write permission)")
+    # `current` only reads: a file the user may only read is enough
+    proc = run_db("current", url=url, user=user)
+    assert proc.returncode == 0 and proc.stdout.endswith(" (head)\n"), proc.stderr
     if not ROOT:
         with pytest.raises(DatabaseUnavailable, match="read-only file"):
             make_engine(url)
@@ -121,8 +123,9 @@ def test_read_only_file_system(mount_tmpfs):
     schema.upgrade(engine)
     engine.dispose()
     subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True)
-    for cmd in ("upgrade", "current"):
-        assert_one_line_error(run_db(cmd, url=url), cmd, db, "read-only file system")
+    assert_one_line_error(run_db("upgrade", url=url), "upgrade", db, "read-only file system")
+    proc = run_db("current", url=url)      # only reads
+    assert proc.returncode == 0 and proc.stdout.endswith(" (head)\n"), proc.stderr
     with pytest.raises(DatabaseUnavailable, match=f"^{db}: read-only file system$"):
         make_engine(url)
 
@@ -174,3 +177,37 @@ def test_file_size_limit_as_full_disk(tmp_path):
     engine = make_engine(f"sqlite:///{db}")
     assert schema.upgrade(engine) == (None, schema.head_revision())
     engine.dispose()
+
+
+def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path):
+    """`malleable db upgrade` wrote its tables into a file of another application, and
+    showed a traceback when that file had a `jobs` table of its own (a new-user tester).
+    Now it exits 2 naming the path and a few tables; the file is byte for byte the same
+    (not even switched to WAL mode); an empty database and malleable's own upgrade."""
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE jobs (x TEXT)")
+        for name in ("users", "orders", "invoices", "items", "zones"):
+            conn.execute(f"CREATE TABLE {name} (id INTEGER)")
+    conn.close()
+    before = db.read_bytes()
+    url = f"sqlite:///{db}"
+    line = assert_one_line_error(run_db("upgrade", url=url), "upgrade", db,
+                                 "not a malleable database")
+    assert line.endswith(f"{db}: not a malleable database: it holds tables (invoices, "
+                         f"items, jobs, orders, users and 1 more) but no malleable schema "
+                         f"version (alembic_version); malleable writes its tables only into "
+                         f"an empty database or its own: give a new file or an empty "
+                         f"database")
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+    proc = run_db("current", url=url)
+    assert proc.returncode == 0 and "no malleable schema version" in proc.stdout
+    assert db.read_bytes() == before
+    own = tmp_path / "own.db"
+    for _ in range(2):
+        proc = run_db("upgrade", url=f"sqlite:///{own}")
+        assert proc.returncode == 0, proc.stderr
+    assert "schema already at revision" in proc.stdout

@@ -287,3 +287,27 @@ def test_cli_upgrade_through_a_symbolic_link_creates_its_target(tmp_path):
     assert r.output.splitlines()[1:] == [f"created directory {tmp_path / 'real'} (mode 0700)",
                                          f"created {target} (mode 0600)"]
     assert target.stat().st_mode & 0o777 == 0o600 and link.is_symlink()
+
+
+def test_upgrade_refuses_another_applications_database(engine):
+    """`malleable db upgrade` wrote malleable's tables beside another application's, and
+    failed with a traceback on a `jobs` table of another shape (a new-user tester)."""
+    from malleable.db.engine import describe_url
+    from malleable.db.errors import NotMalleableDatabase
+
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE jobs (x TEXT)"))
+        conn.execute(text("CREATE TABLE customers (id INTEGER)"))
+        conn.execute(text("INSERT INTO jobs (x) VALUES ('theirs')"))
+    for run in (schema.upgrade, schema.prepare_schema):
+        with pytest.raises(NotMalleableDatabase) as info:
+            run(engine)
+        assert str(info.value) == (
+            f"{describe_url(engine.url)}: not a malleable database: it holds tables "
+            f"(customers, jobs) but no malleable schema version (alembic_version); malleable "
+            f"writes its tables only into an empty database or its own: give a new file or "
+            f"an empty database")
+    assert _tables(engine) == {"jobs", "customers"}
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT x FROM jobs")).all() == [("theirs",)]
+        conn.rollback()

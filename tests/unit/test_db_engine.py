@@ -35,6 +35,40 @@ def test_pragmas_on_every_connection(tmp_path):
     engine.dispose()
 
 
+def test_another_applications_database_is_not_switched_to_wal(tmp_path):
+    """WAL mode is written into the file: opening another application's database (tables,
+    no alembic_version) to refuse it switched it to WAL. An empty database and
+    malleable's own are switched as before."""
+    import sqlite3
+
+    from malleable.db.engine import foreign_sqlite
+
+    theirs = tmp_path / "theirs.db"
+    with sqlite3.connect(theirs) as conn:
+        conn.execute("CREATE TABLE jobs (x TEXT)")
+        assert foreign_sqlite(conn)
+    conn.close()
+    before = theirs.read_bytes()
+    engine = make_engine(f"sqlite:///{theirs}")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "delete"
+        conn.rollback()
+    engine.dispose()
+    assert theirs.read_bytes() == before
+    ours = tmp_path / "ours.db"
+    with sqlite3.connect(ours) as conn:
+        assert not foreign_sqlite(conn)          # empty
+        conn.execute("CREATE TABLE alembic_version (version_num TEXT)")
+        conn.execute("CREATE TABLE jobs (x TEXT)")
+        assert not foreign_sqlite(conn)          # malleable's
+    conn.close()
+    engine = make_engine(f"sqlite:///{ours}")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        conn.rollback()
+    engine.dispose()
+
+
 def test_file_created_0600_in_new_0700_directory(tmp_path):
     db = tmp_path / "deep" / "er" / "m.db"
     old = os.umask(0)  # even with a permissive umask

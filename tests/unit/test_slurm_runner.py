@@ -9,12 +9,15 @@ controller that never answers).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
 import pytest
 
 from malleable.slurm import SlurmError, SlurmRejected, SlurmUnavailable
-from malleable.slurm.runner import CommandRunner, unavailable
+from malleable.slurm.runner import REAP_S, CommandRunner, unavailable
 
 PY = sys.executable
 
@@ -62,6 +65,114 @@ def test_a_timeout_names_what_the_command_said_before_it_was_killed():
     with pytest.raises(SlurmUnavailable, match=r"timed out after 1 s \(its last message: "
                        r"squeue: error: s_p_parse_file: cannot stat file /nonexistent\)"):
         r.run([PY, "-c", script])
+
+
+def _wrapper(tmp_path, *, setsid: bool = False):
+    """A wrapper script (as a site's sbatch wrapper might be) that starts a sleeping
+    grandchild in the background, writes its pid (then a newline) to the file returned,
+    and waits for it. With ``setsid`` the grandchild moves to a session of its own (out
+    of the command's process group) before it writes its pid itself; it keeps holding
+    the command's stdout and stderr."""
+    pidfile = tmp_path / "grandchild.pid"
+    script = tmp_path / "wrapper.sh"
+    if setsid:
+        code = ("import os, sys, time; os.setsid(); "
+                "open(sys.argv[1], 'w').write(str(os.getpid()) + chr(10)); time.sleep(300)")
+        body = (f"{PY} -c \"{code}\" {pidfile} &\n"
+                f"while [ ! -s {pidfile} ]; do sleep 0.05; done\n")
+    else:
+        body = f"sleep 300 &\necho $! > {pidfile}\n"
+    script.write_text(f"#!/bin/sh\n{body}wait\n")
+    script.chmod(0o755)
+    return script, pidfile
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, killed but not yet reaped by init,
+    is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _grandchild_pid(pidfile, timeout_s: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = pidfile.read_text() if pidfile.exists() else ""
+        if text.endswith("\n"):
+            return int(text)
+        time.sleep(0.05)
+    raise AssertionError("the grandchild never wrote its pid")
+
+
+def _gone_within(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_timeout_kills_the_commands_whole_process_group(tmp_path):
+    """subprocess.run's timeout killed the command alone: the sleeping grandchild of a
+    wrapper script kept running (and holding a Slurm client's resources)."""
+    script, pidfile = _wrapper(tmp_path)
+    r, _ = runner(timeout_s=1.0, max_retries=0)
+    start = time.monotonic()
+    with pytest.raises(SlurmUnavailable, match=r"wrapper.sh: timed out after 1 s \(after 1 "
+                       r"attempt\(s\)\)$"):
+        r.run([str(script)])
+    assert time.monotonic() - start < 1.0 + REAP_S
+    pid = _grandchild_pid(pidfile)
+    try:
+        assert _gone_within(pid, 5.0), f"grandchild {pid} still runs after the timeout"
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_timeout_does_not_wait_for_a_process_that_left_the_group(tmp_path):
+    """A grandchild in a session of its own cannot be killed with the group; holding the
+    command's stdout, it must not keep the runner waiting past the timeout (plus REAP_S)."""
+    script, pidfile = _wrapper(tmp_path, setsid=True)
+    r, _ = runner(timeout_s=3.0, max_retries=0)
+    start = time.monotonic()
+    try:
+        with pytest.raises(SlurmUnavailable, match=r"timed out after 3 s"):
+            r.run([str(script)])
+        assert time.monotonic() - start < 3.0 + REAP_S + 1.0
+        assert _running(_grandchild_pid(pidfile))    # (out of reach of the group's kill)
+    finally:
+        pid = _grandchild_pid(pidfile)
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_interrupted_wait_kills_the_commands_process_group(tmp_path):
+    """Ctrl-C during a command (here SIGALRM raising KeyboardInterrupt): the command's own
+    session no longer gets the terminal's SIGINT, so the runner kills its group."""
+    script, pidfile = _wrapper(tmp_path)
+    r, _ = runner(timeout_s=60.0, max_retries=0)
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            r.run([str(script)])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    pid = _grandchild_pid(pidfile)
+    try:
+        assert _gone_within(pid, 5.0), f"grandchild {pid} still runs after the interrupt"
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_change_that_may_have_happened_is_not_retried():

@@ -407,3 +407,81 @@ def test_an_abbreviated_signal_is_not_passed_to_sbatch(tmp_path, word):
     assert r.exit_code == 2
     assert f"{word}: sbatch would read it as its --signal; here --signal is the spec's " \
         "checkpoint signal" in r.output
+
+
+def _script(tmp_path, *lines: str):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n" + "".join(line + "\n" for line in lines) + "true\n")
+    return script
+
+
+@pytest.mark.parametrize("line, words, fix", [
+    ("#SBATCH --comment=malleable:gpus=1-4 step=2", "'step=2'",
+     "separate the spec's fields by commas: --comment=malleable:gpus=1-4,step=2"),
+    ("#SBATCH --comment malleable:gpus=1-4 step=2 batch=64 -J x", "'step=2 batch=64'",
+     "separate the spec's fields by commas: --comment=malleable:gpus=1-4,step=2,batch=64"),
+    ("#SBATCH --comment=malleable:gpus=1-4 nightly", "'nightly'",
+     "quote the comment: --comment=\"malleable:gpus=1-4 nightly\""),
+    ("#SBATCH --comment=malleable:gpus=1-4 step=2 nightly", "'step=2 nightly'",
+     "quote the comment: --comment=\"malleable:gpus=1-4 step=2 nightly\" (and separate "
+     "the spec's fields by commas)"),
+])
+def test_an_unquoted_comment_with_a_blank_is_refused_naming_the_line_and_words(
+        tmp_path, line, words, fix):
+    """sbatch splits `#SBATCH --comment=malleable:gpus=1-4 step=2` at the blank and refuses
+    the script over step=2 ("Invalid directive found in batch script"); --dry-run printed
+    a command with the comment malleable:gpus=1-4, step=2 gone without a word (a new-user
+    tester)."""
+    script = _script(tmp_path, "#SBATCH -p gpu", line)
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and "Traceback" not in r.output
+    assert r.output.startswith(f"malleable submit: error: script {script}: line 3: {line}: "
+                               f"sbatch splits #SBATCH lines at blanks: the comment would be "
+                               f"'malleable:gpus=1-4', and sbatch refuses the script over "
+                               f"{words}, which is not an option")
+    assert r.output.rstrip("\n").endswith(fix)
+
+
+@pytest.mark.parametrize("lines, line, word", [
+    (["#SBATCH -p gpu stray"], 2, "'stray'"),
+    (["#SBATCH -pgpu stray"], 2, "'stray'"),
+    (["#SBATCH --requeue stray"], 2, "'stray'"),
+    (["#SBATCH -H -k stray"], 2, "'stray'"),
+    (["#SBATCH --time=10 stray more -J x"], 2, "'stray more'"),
+    (["#SBATCH --comment=x", "#SBATCH stray"], 3, "'stray'"),
+    (["#SBATCH -J a", "#SBATCH -- -J b"], 3, "'-J'"),
+    (["#SBATCHfoo"], 2, "'foo'"),
+])
+def test_a_word_sbatch_would_refuse_is_refused_naming_the_line(tmp_path, lines, line, word):
+    """sbatch reads the #SBATCH lines as one command line and refuses a word that is
+    neither an option nor an option's value (each checked against sbatch 22.05)."""
+    script = _script(tmp_path, *lines)
+    with pytest.raises(SubmitError) as info:
+        script_directives(str(script))
+    assert str(info.value).startswith(f"script {script}: line {line}: {lines[-1]}: {word}: ")
+    assert "sbatch refuses the script (Invalid directive found in batch script)" in \
+        str(info.value)
+
+
+@pytest.mark.parametrize("lines, words", [
+    (["#SBATCH -J", "#SBATCH foo"], ["-J", "foo"]),          # a value on the next line
+    (["#SBATCH --partition gpu -k"], ["--partition", "gpu", "-k"]),
+    (['#SBATCH --comment=a "" stray'], ["--comment=a"]),     # an empty word ends the line
+    (["#SBATCH -J a\\#b --comment=c"], ["-J", "a#b", "--comment=c"]),
+    (['#SBATCH -J "a\\"b" -J a"b c"d'], ["-J", 'a"b', "-J", "ab cd"]),
+    (["#SBATCH -J x#y stray"], ["-J", "x"]),
+    (["#SBATCH --comment=malleable:gpus=1-4 # step=2"], ["--comment=malleable:gpus=1-4"]),
+    (["#SBATCH -J a", "#SBATCH hetjob", "#SBATCH -J b"], ["-J", "a", "hetjob", "-J", "b"]),
+    (["#SBATCH -J a --"], ["-J", "a", "--"]),
+])
+def test_directives_sbatch_accepts_are_read_as_it_reads_them(tmp_path, lines, words):
+    assert script_directives(str(_script(tmp_path, *lines))) == words
+
+
+def test_an_unmatched_quote_in_a_directive_is_refused(tmp_path):
+    script = _script(tmp_path, '#SBATCH --comment="malleable:gpus=1-4')
+    r = CliRunner().invoke(main, ["submit", "--dry-run", "--gpus-per-node", "4", str(script)])
+    assert r.exit_code == 2
+    assert f"script {script}: line 2: #SBATCH --comment=\"malleable:gpus=1-4: unmatched \" " \
+        "quote, which sbatch refuses" in r.output
