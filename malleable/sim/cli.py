@@ -6,7 +6,8 @@ malformed trace, an unknown policy, a bad option or configuration, no valid run
 to compare), with one line on stderr naming it. Notes (``note:`` lines on
 stderr) say what the command did about input it accepts: skipped run folders,
 runs of different settings compared together, replaced runs, jobs the cluster
-cannot hold, CPU-only jobs, arrivals after --max-time.
+cannot hold, CPU-only jobs, arrivals after --max-time, trace rows left out, what
+of a Gavel trace is not used.
 """
 
 from __future__ import annotations
@@ -45,8 +46,27 @@ def _items(option: str, values: tuple[str, ...], what: str) -> list[str]:
     return [v for v in items if v]
 
 
-def _expand(paths: list[str]) -> list[str]:
-    """Trace paths; a directory stands for its trace files (sorted)."""
+def _workload_items(values: tuple[str, ...]) -> list[str]:
+    """``--workload``'s paths: its values split at commas (`_items`).
+
+    Raises:
+        click.exceptions.Exit(2): as `_items`, or a value that names an existing file
+            or directory as a whole but not once split at its commas (a path with a
+            comma): the message says to give it with ``--workload-path``.
+    """
+    for value in values:
+        if "," in value and Path(value).exists():
+            parts = [v.strip() for v in value.split(",")]
+            if not all(part and Path(part).exists() for part in parts):
+                raise _fail(f"--workload {value!r}: --workload splits its value at commas "
+                            f"(into {', '.join(repr(v) for v in parts)}); give a path with "
+                            f"a comma with --workload-path")
+    return _items("--workload", values, "path")
+
+
+def _expand(paths: list[str], option: str = "--workload") -> list[str]:
+    """Trace paths; a directory stands for its trace files (sorted). A path that is
+    neither a directory nor a trace file stops the command (exit 2) naming ``option``."""
     out = []
     for p in paths:
         path = Path(p)
@@ -56,14 +76,14 @@ def _expand(paths: list[str]) -> list[str]:
                            and not f.name.lower().startswith(NOT_TRACES)
                            and any(f.name.endswith(s) for s in TRACE_SUFFIXES))
             if not found:
-                raise _fail(f"--workload {p}: directory holds no trace file")
+                raise _fail(f"{option} {p}: directory holds no trace file")
             out.extend(found)
         else:
             from malleable.sim.workloads import trace_file_problem
 
             problem = trace_file_problem(path)
             if problem:
-                raise _fail(f"--workload {p}: {problem}")
+                raise _fail(f"{option} {p}: {problem}")
             out.append(str(path))
     return out
 
@@ -91,7 +111,10 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--workload", "workloads", multiple=True, metavar="PATH[,PATH...]",
               help="Trace file(s), comma-separated or repeated; a directory means its "
                    "trace files (*.csv, *.swf, *.json, *.txt, *.log, optionally .gz; not "
-                   "README*, LICENSE* and the like).")
+                   "README*, LICENSE* and the like). A path with a comma: --workload-path.")
+@click.option("--workload-path", "workload_paths", multiple=True, metavar="PATH",
+              help="One trace file or directory, taken whole (a path with a comma); "
+                   "repeatable; read after --workload's.")
 @click.option("--policy", "policies", multiple=True, metavar="NAME[,NAME...]",
               help="Policy name(s): pollux (= default), las, gittins, hesrpt, srpt, "
                    "optimus, equi, fifo, static (docs/policies.md). Default: --config's "
@@ -159,7 +182,7 @@ def _seeds(values: tuple[str, ...]) -> list[int]:
 @click.option("--sweep-policies", "sweep_policies", default=None, hidden=True,
               help="(--slurm-array's tasks) the whole sweep's policies: --policy-params and "
                    "--config's [policy] params are checked against them, not --policy alone.")
-def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval, seeds, out_dir, restart_cost,
+def simulate(workloads, workload_paths, policies, policy_params, nodes, gpus_per_node, interval, seeds, out_dir, restart_cost,
              fmt, load_scale, window_days, map_models, job_setup, oracle_work, config_path,
              max_time_h, n_jobs, slurm_array, compare_only, no_comparison, no_plots,
              no_progress, sweep_policies) -> None:
@@ -175,7 +198,9 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
     logging.getLogger("malleable").setLevel(logging.ERROR)
     out = Path(out_dir)
     if compare_only:
-        ignored = [name for name, given in (("--workload", workloads), ("--policy", policies),
+        ignored = [name for name, given in (("--workload", workloads),
+                                            ("--workload-path", workload_paths),
+                                            ("--policy", policies),
                                             ("--slurm-array", slurm_array)) if given]
         if ignored:
             raise _fail(f"--compare-only rebuilds the comparison of the runs already in "
@@ -194,7 +219,8 @@ def simulate(workloads, policies, policy_params, nodes, gpus_per_node, interval,
         click.echo(f"{len(runs)} run(s) compared: {path}" + (
             f" ({skipped} run folder(s) skipped: see the notes)" if skipped else ""))
         return
-    paths = _expand(_items("--workload", workloads, "path"))
+    paths = (_expand(_workload_items(workloads))
+             + _expand(list(workload_paths), "--workload-path"))
     if not paths:
         raise _fail("--workload: give at least one trace file")
     config: dict = {}
@@ -391,7 +417,10 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
         try:
             params = json.loads(text)
         except ValueError as exc:
-            raise _fail(f"--policy-params {v!r}: not JSON ({exc})") from None
+            raise _fail(f"--policy-params {v[:80]!r}: not JSON ({exc})") from None
+        except RecursionError:
+            raise _fail(f"--policy-params {v[:80]!r}: JSON nested too deeply to read "
+                        f"(more than about {sys.getrecursionlimit()} levels)") from None
         if not isinstance(params, dict):
             raise _fail(f"--policy-params {v!r}: expected a JSON object")
         try:
@@ -414,6 +443,10 @@ def _read_config(path: str) -> dict:
     except ConfigError as exc:
         message = str(exc)
         raise _fail(f"--config {message if path in message else f'{path}: {message}'}") from None
+    except RecursionError:
+        # (the TOML reader recurses per nesting level; malleable.config does not catch it)
+        raise _fail(f"--config {path}: TOML nested too deeply to read (more than about "
+                    f"{sys.getrecursionlimit()} levels)") from None
     try:
         get_policy(config.policy.name, **dict(config.policy.params))
     except (TypeError, ValueError) as exc:
@@ -457,8 +490,11 @@ def _validate(specs) -> list[int]:
             except ValueError as exc:
                 raise _fail(f"--workload {s.workload}: {exc}") from None
             if not jobs:
-                raise _fail(f"--workload {s.workload}: no job to simulate (the trace has "
-                            "none, or none is left after the loader's filters)")
+                why = "; ".join(n for n in left_out if "left out" in n)
+                raise _fail(f"--workload {s.workload}: no job to simulate ("
+                            + (f"the loader's filters left none: {why}" if why else
+                               "the trace has none, or none is left after the loader's "
+                               "filters") + ")")
             for note in left_out:
                 if (s.workload, note) not in noted:
                     noted.add((s.workload, note))
@@ -479,8 +515,9 @@ def _validate(specs) -> list[int]:
                            f"{len(jobs)} job(s) request 0 GPUs (CPU-only); they are "
                            f"simulated as rigid jobs that hold no GPU (the simulated cluster "
                            f"has GPUs only), start on arrival and run for their recorded time; "
-                           f"they count in the job counts, JCT, wait, makespan and fairness "
-                           f"metrics and add nothing to gpu_utilization", err=True)
+                           f"they count in the job counts, JCT, wait and makespan metrics, not "
+                           f"in the fairness metrics (ftf_rho_*: they share no GPU), and add "
+                           f"nothing to gpu_utilization", err=True)
             late = sum(1 for j in jobs if j.arrival_s > s.max_time_s)
             if late and (s.workload, "late") not in noted:
                 noted.add((s.workload, "late"))

@@ -18,14 +18,17 @@ Definitions (all times in seconds):
 * Finish-time fairness (Themis: Mahajan et al., "Themis: Fair and Efficient GPU
   Cluster Scheduling", NSDI 2020, section 3): ``rho = T_shared / T_ideal`` with
   ``T_shared`` the job's JCT under the policy and ``T_ideal`` its run time alone on
-  ``1/N`` of the cluster, where ``N`` is the time-averaged number of jobs in the
-  system (arrived, not finished) during the job's life, counting itself; the
-  share is capped at the most GPUs the job can use, and its start-up counts in
-  ``T_ideal`` as in its JCT (`malleable.sim.workload`). Rho above 1 means the job
-  did worse than under an equal split. ``T_ideal`` needs a
-  model of the job (`JobOutcome.ideal_time`, a function of a GPU share); jobs
-  without one get no rho. Keys: ``ftf_rho_avg``, ``ftf_rho_max``,
-  ``ftf_unfair_fraction`` (share of jobs with rho > 1).
+  ``1/N`` of the cluster's GPUs, where ``N`` is the time-averaged number of GPU
+  jobs in the system (submitted, not finished: running, pending or held, also
+  when a run stopped by ``--max-time`` left them unfinished) during the job's
+  life, counting itself; the share is capped at the most GPUs the job can use,
+  and its start-up counts in ``T_ideal`` as in its JCT (`malleable.sim.workload`).
+  Rho above 1 means the job did worse than under an equal split. ``T_ideal``
+  needs a model of the job (`JobOutcome.ideal_time`, a function of a GPU share);
+  jobs without one get no rho. CPU-only jobs (0 GPUs requested) are outside
+  fairness: they get no rho and do not count in ``N`` (they share no GPU).
+  Keys: ``ftf_rho_avg``, ``ftf_rho_max``, ``ftf_unfair_fraction`` (share of
+  jobs with rho > 1), over the finished jobs that have a rho.
 
 A metric over an empty set (no job finished, none started, none with a model of
 its ideal time) is None (``null`` in summary.json), not 0: a run stopped before
@@ -113,17 +116,36 @@ def contention(arrival: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def fairness_rho(outcomes: Sequence[JobOutcome], total_gpus: int) -> np.ndarray:
-    """Themis finish-time fairness rho per finished job with an ``ideal_time`` (else NaN).
+    """Themis finish-time fairness rho per finished GPU job with an ``ideal_time`` (else NaN).
 
     ``rho_j = JCT_j / ideal_time_j(total_gpus / N_j)`` with ``N_j`` from `contention`
-    over the finished jobs. Returns (J,) float in the order of ``outcomes``.
+    over the jobs that share the GPUs: every job that asked for GPUs
+    (``gpus_requested > 0``) and was submitted (a ``job_id``), from its arrival to
+    its end. A submitted job that has not ended (a run stopped by ``--max-time``:
+    running, pending or held) shares them from its arrival on; it is counted until
+    the last end of a finished job, which is all a finished job's ``N`` can see of
+    it. A CPU-only job (``gpus_requested == 0``) gets no rho (NaN) and is not
+    counted: it takes no GPU from the others, and an equal share of the GPUs says
+    nothing about its time alone.
+
+    Args:
+        outcomes: every job of the run.
+        total_gpus: GPUs in the cluster.
+
+    Returns:
+        (J,) float, seconds over seconds, in the order of ``outcomes``.
     """
-    done = [i for i, o in enumerate(outcomes) if o.end_s is not None]
     rho = np.full(len(outcomes), np.nan)
+    done = [i for i, o in enumerate(outcomes) if o.end_s is not None and o.gpus_requested > 0]
     if not done:
         return rho
-    arr = np.array([outcomes[i].arrival_s for i in done])
-    end = np.array([outcomes[i].end_s for i in done], dtype=float)
+    last = max(float(outcomes[i].end_s) for i in done)  # type: ignore[arg-type]
+    sharing = done + [i for i, o in enumerate(outcomes)
+                      if o.end_s is None and o.gpus_requested > 0 and o.job_id
+                      and o.arrival_s < last]
+    arr = np.array([outcomes[i].arrival_s for i in sharing], dtype=float)
+    end = np.array([outcomes[i].end_s if outcomes[i].end_s is not None else last
+                    for i in sharing], dtype=float)
     n = contention(arr, end)
     for k, i in enumerate(done):
         o = outcomes[i]
@@ -165,8 +187,8 @@ def summarize(outcomes: Sequence[JobOutcome], total_gpus: int,
     max_jct_s, makespan_s, gpu_utilization, gpu_hours, restarts_per_job,
     avg_wait_s, ftf_rho_avg, ftf_rho_max, ftf_unfair_fraction (None for a
     metric over an empty set: the JCTs, makespan and utilisation when no job
-    finished, the wait when none started, fairness when no finished job has an
-    ideal-time model, restarts when there is no job).
+    finished, the wait when none started, fairness when no finished GPU job has
+    an ideal-time model, restarts when there is no job).
     """
     jcts = np.array([o.jct_s for o in outcomes if o.jct_s is not None], dtype=float)
     finished = [o for o in outcomes if o.end_s is not None]

@@ -754,7 +754,8 @@ def write_slurm_array(workloads: Sequence[str], policies: Sequence[str], seeds: 
     ``(i // S) % P`` and seed ``i % S`` and the ``common_args`` (cluster, interval,
     ...), writing its run directory under ``out_dir`` without a comparison; the
     second script builds the comparison (``--compare-only``). Every value is
-    shell-quoted.
+    shell-quoted, and a task passes its trace with ``--workload-path``, which takes
+    the path whole (``--workload`` would split one with a comma into two).
 
     Returns:
         ``(array script, comparison script)`` paths.
@@ -785,7 +786,7 @@ SEEDS=({arr(seeds)})
 i=${{SLURM_ARRAY_TASK_ID:?run me with sbatch}}
 P=${{#POLICIES[@]}}; S=${{#SEEDS[@]}}
 w=$(( i / (P * S) )); p=$(( (i / S) % P )); s=$(( i % S ))
-exec {q(py)} -m malleable simulate --workload "${{WORKLOADS[$w]}}" --policy "${{POLICIES[$p]}}" \\
+exec {q(py)} -m malleable simulate --workload-path "${{WORKLOADS[$w]}}" --policy "${{POLICIES[$p]}}" \\
     --seed "${{SEEDS[$s]}}" --sweep-policies {q(",".join(policies))} --jobs 1 --no-comparison \\
     --no-progress --out {q(str(out))} {common}
 """, encoding="utf-8")

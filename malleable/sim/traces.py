@@ -32,6 +32,8 @@ import io
 import json
 import math
 import re
+import reprlib
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -50,17 +52,37 @@ PHILLY_CLASSES = ((3600.0, ("cifar10", "ncf")), (36000.0, ("deepspeech2", "bert"
 class TraceError(ValueError):
     """A trace file is unreadable or has a malformed row.
 
-    Attributes: path, line (1-based, 0 when not about a line), field, value.
+    The message is ``<path>[:<line>][: field <field>=<value>]: <problem>``; a list or
+    object value (from a JSON trace) is shown abridged (`_shown`).
+
+    Attributes: path, line (1-based, 0 when not about a line), field, value, problem.
     """
 
     def __init__(self, path: str | Path, line: int, field: str, value: object, problem: str):
         where = f"{path}:{line}" if line else f"{path}"
-        what = f": field {field}={value!r}" if field else ""
+        what = f": field {field}={_shown(value)}" if field else ""
         super().__init__(f"{where}{what}: {problem}")
         self.path = str(path)
         self.line = line
         self.field = field
         self.value = value
+        self.problem = problem
+
+
+#: How much of a list or object value a `TraceError` shows.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 3, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 40
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``; for a list, tuple or dict (a JSON value) `_SHOWN`'s abridged one,
+    at most 200 characters: a message must stay one readable line whatever the trace
+    holds (a list nested 900 deep, a job object of many fields)."""
+    if not isinstance(value, (list, tuple, dict)):
+        return repr(value)
+    text = _SHOWN.repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +96,8 @@ class TraceJob:
         model: the training model ("cifar10", ... or Gavel's job type), None if unknown.
         duration_s: run time in the original trace, seconds, None if unknown.
         batch_size: global batch size, None if unknown.
-        total_steps: iterations to run (Gavel), None if unknown.
+        total_steps: iterations to run (Gavel), None if unknown. Kept as the trace
+            gives it; the replay does not use it (`load_gavel` says why).
         nodes: nodes requested, None if unknown.
         group: virtual cluster, partition or user ("" if none).
     """
@@ -393,18 +416,42 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
     Each job: ``arrival_s = arrival_time_s`` (seconds from its VC's first job),
     ``gpus = scale_factor``, ``model`` and ``batch_size`` from ``job_type``
     (e.g. "ResNet-50 (batch size 64)"; "A3C" and "CycleGAN" carry no batch
-    size), ``total_steps``, group = VC, named
-    ``<vc>-<line_no>``.
+    size), ``total_steps``, group = VC, named ``<vc>-<line_no>``.
+
+    ``total_steps`` (Gavel's work, iterations of Gavel's own implementation of
+    the job type at its batch size) is read, checked (an integer >= 1) and kept
+    on the job, but the replay does not use it: `malleable.sim.workloads.map_models`
+    gives a Gavel job the Pollux profile of its family, which trains to that
+    profile's target, as a Philly job does whatever its recorded duration
+    (Pollux's convention). There is no sound mapping of the count onto a profile:
+    the profile's work is statistical-efficiency-weighted progress at its own
+    batch sizes, five of Gavel's seven families map to a profile of another
+    model or data set (Transformer -> bert, LM -> deepspeech2, CycleGAN ->
+    yolov3, A3C -> cifar10, Recommendation -> ncf), and the counts are
+    generated, not recorded: the same job (VC and line, same arrival and GPUs)
+    has another count in each of the file's five seeds, and at Gavel's measured
+    V100 throughput its longest takes 10 times as long as its shortest (the
+    median over the jobs).
+
+    Returns:
+        The jobs of ``seed`` (and ``vc``), by arrival; [] for a file without rows.
 
     Raises:
-        TraceError: unreadable file, missing column, or a bad value.
+        TraceError: unreadable file, missing column, a bad value, or a file with
+            rows of which none is of ``seed`` (and ``vc``): field ``seed`` (or ``vc``),
+            naming the seeds (VCs) the file has.
     """
     path = Path(path)
     jobs = []
     seen: dict[str, int] = {}   # job name -> its line
+    seeds: set[int] = set()
+    vcs: set[str] = set()       # of the rows of ``seed``
     need = ("seed", "vc", "line_no", "job_type", "total_steps", "arrival_time_s", "scale_factor")
     for line, row in _csv_rows(path, need):
         s = _int(path, line, "seed", row["seed"])
+        seeds.add(s)
+        if s == seed:
+            vcs.add(row["vc"])
         if s != seed or (vc is not None and row["vc"] != vc):
             continue
         name = f"{row['vc']}-{row['line_no'].strip()}"
@@ -425,6 +472,16 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
             model=model, batch_size=batch,
             total_steps=_int(path, line, "total_steps", row["total_steps"], lo=1),
             group=row["vc"]))
+    if not jobs and seeds:
+        if seed not in seeds:
+            raise TraceError(path, 0, "seed", seed,
+                             f"no row of seed {seed}: the file's seeds are "
+                             f"{', '.join(map(str, sorted(seeds)))}")
+        shown = sorted(vcs)
+        raise TraceError(path, 0, "vc", vc,
+                         f"no row of seed {seed} is of this VC: its VCs are "
+                         f"{', '.join(shown[:10])}"
+                         + (f" and {len(shown) - 10} more" if len(shown) > 10 else ""))
     return _sorted(jobs)
 
 
@@ -443,16 +500,20 @@ def load_swf(path: str | Path) -> tuple[list[TraceJob], int]:
     ``duration_s`` = run time (field 4), ``gpus`` = allocated processors (field 5,
     or requested, field 8, when unknown): SWF logs count CPUs, used here as the
     job's resource count; ``nodes`` unknown; group = "u<user id>" (field 12).
-    Jobs whose submit time, run time or processor count is unknown are skipped.
+    Jobs whose submit time, run time or processor count is unknown are skipped
+    (counted in ``skipped``); a log with jobs of which none is left is refused.
 
     Returns ``(jobs, skipped)``.
 
     Raises:
         TraceError: a row without 18 fields, a non-numeric field, or a negative
-            value other than -1.
+            value other than -1; or jobs none of which is known well enough to
+            simulate (field ``alloc_procs`` when a job lacks its processor count,
+            else the unknown field; the message names the fields and lines).
     """
     path = Path(path)
     jobs, skipped, names = [], 0, []
+    why: dict[str, list[int]] = {}   # field unknown -> [jobs, first line]
     for line, text in _lines(path):
         s = text.strip()
         if not s or s.startswith(";"):
@@ -472,8 +533,12 @@ def load_swf(path: str | Path) -> tuple[list[TraceJob], int]:
             vals.append(v)
         rec = dict(zip(SWF_FIELDS, vals, strict=True))
         procs = rec["alloc_procs"] if rec["alloc_procs"] >= 0 else rec["req_procs"]
-        if rec["submit"] < 0 or rec["run_time"] < 0 or procs < 0:
+        unknown = [f for f, v in (("submit", rec["submit"]), ("run_time", rec["run_time"]),
+                                  ("alloc_procs", procs)) if v < 0]
+        if unknown:
             skipped += 1
+            for f in unknown:
+                why.setdefault(f, [0, line])[0] += 1
             continue
         for name in ("job", "alloc_procs", "req_procs"):
             if rec[name] != int(rec[name]):
@@ -485,9 +550,32 @@ def load_swf(path: str | Path) -> tuple[list[TraceJob], int]:
         jobs.append(TraceJob(name=name, arrival_s=rec["submit"], gpus=int(procs),
                              duration_s=rec["run_time"],
                              group=f"u{user}" if user >= 0 else ""))
+    if not jobs and skipped:
+        _no_swf_job(path, skipped, why)
     _check_unique(path, names)
     origin = min((j.arrival_s for j in jobs), default=0.0)
     return _rebase(jobs, origin), skipped
+
+
+_SWF_UNKNOWN = {"submit": "submit time (field 2, submit)",
+                "run_time": "run time (field 4, run_time)",
+                "alloc_procs": "processor count (field 5, alloc_procs, and 8, req_procs)"}
+
+
+def _no_swf_job(path: Path, skipped: int, why: dict[str, list[int]]) -> None:
+    """Refuse an SWF log none of whose ``skipped`` jobs can be simulated, naming the
+    fields (``why``: field -> [jobs where it is -1, first such line]); the error's
+    field is ``alloc_procs`` if a job lacks its processor count, else the first."""
+    field = "alloc_procs" if "alloc_procs" in why else next(iter(why))
+    if len(why) == 1:
+        n, first = why[field]
+        problem = (f"the {_SWF_UNKNOWN[field]} is unknown (-1) on all {n} job(s) "
+                   f"(the first on line {first})")
+    else:
+        problem = (f"each of its {skipped} job(s) lacks a field the simulator needs (-1): "
+                   + "; ".join(f"the {_SWF_UNKNOWN[f]} on {n} (the first on line {first})"
+                               for f, (n, first) in why.items()))
+    raise TraceError(path, 0, field, -1, f"no job to simulate: {problem}")
 
 
 # ----------------------------------------------------------------------------- sacct
@@ -650,6 +738,11 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
             doc = json.load(fh)
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+    except RecursionError:
+        # (Python's decoder recurses per nesting level: a file of 100000 '[' stops it)
+        raise TraceError(path, 0, "", None, f"JSON nested too deeply to read (lists or "
+                         f"objects more than about {sys.getrecursionlimit()} levels deep; "
+                         f"a sacct --json export has fewer than 10)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise _read_error(path, exc) from None
     if not isinstance(doc, dict) or "jobs" not in doc:
@@ -761,7 +854,8 @@ def load_sacct(path: str | Path) -> tuple[list[TraceJob], int]:
     Returns ``(jobs, skipped)``.
 
     Raises:
-        TraceError: unknown format, missing columns, or a bad value.
+        TraceError: unknown format, missing columns, or a bad value (JSON nested too
+            deeply for Python's decoder is refused as such).
     """
     path = Path(path)
     fh = _open_text(path)

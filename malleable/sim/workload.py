@@ -217,8 +217,12 @@ def _ideal_time(r: ReplayedJob, gpus_per_node: int, max_gpus: int
 
     The share is capped at the most GPUs the job can use (``max_gpus``): GPUs of an
     equal share it could not use were not denied to it. Its start-up (the resume
-    part of its restart cost) counts once, as it does in its JCT."""
+    part of its restart cost) counts once, as it does in its JCT. None for a job
+    of unknown kind and for a CPU-only job (0 GPUs: its time does not depend on a
+    share of the GPUs; `malleable.sim.metrics.fairness_rho` leaves it out)."""
     prog = r.program
+    if r.trace.gpus == 0:
+        return None
     if isinstance(prog, ProfileJob):
         profile, batch, startup = prog.profile, prog.batch, prog.resume_s
 

@@ -12,7 +12,8 @@
    sacct jobs stay rigid (they run for their recorded duration and are never
    resized) unless ``map_models`` is set, then GPU jobs get a model by GPU-time
    class like Philly's. A job with a model trains it to the model's target
-   (Pollux's convention), not for its recorded duration;
+   (Pollux's convention), not for its recorded duration (Philly) or
+   ``total_steps`` (Gavel: `malleable.sim.traces.load_gavel` says why);
 4. optionally a window of the trace (`busiest_fitting_window`) and a load scale
    (arrival times divided by ``load_scale``: 2.0 = twice the arrival rate).
 
@@ -54,6 +55,12 @@ FORMATS = ("pollux", "philly", "gavel", "swf", "sacct")
 GAVEL_MODELS = {"ResNet-18": "cifar10", "ResNet-50": "imagenet", "Recommendation": "ncf",
                 "Transformer": "bert", "LM": "deepspeech2", "CycleGAN": "yolov3",
                 "A3C": "cifar10"}
+
+#: What `load_workload` notes about a Gavel trace (`malleable.sim.traces.load_gavel` says why).
+GAVEL_NOTE = ("Gavel's total_steps and the job type's batch size are not used: each job "
+              "trains its model's profile (the same family's, e.g. Transformer -> bert) to "
+              "the profile's target at the profile's batch sizes, as a Philly job does "
+              "whatever its duration (docs/simulator.md, Traces)")
 
 #: Pollux's filters of the Philly list (its workload generator, osdi21-artifact).
 PHILLY_MIN_DURATION_S = 60.0
@@ -149,7 +156,9 @@ def map_models(jobs: list[TraceJob], fmt: str, *, seed: int = 0,
                gpu_time_classes: bool = False) -> list[TraceJob]:
     """Give jobs a profiled model where the format has none (see the module docstring).
 
-    Gavel jobs: `GAVEL_MODELS` by family (an unknown family raises). Others with
+    Gavel jobs: `GAVEL_MODELS` by family (an unknown family raises), without the job
+    type's batch size (Gavel's implementation's, not the profile's: the job runs at
+    the profile's batch sizes) and leaving ``total_steps`` unused. Others with
     ``gpu_time_classes``: jobs with GPUs and a duration get `philly_model` by their
     GPU time (a seeded coin per job in file order picks within a class); the rest
     are unchanged.
@@ -269,11 +278,13 @@ def load_workload(path: str | Path, fmt: str = "auto", *, seed: int = 0, load_sc
         gpu_time_classes: map SWF/sacct GPU jobs to models (`map_models`).
         notes: if given, gets one line per kind of row the loader left out (SWF jobs
             with an unknown submit time, run time or processor count; sacct jobs that
-            never started or still run), with their count.
+            never started or still run), with their count, and for a Gavel trace
+            `GAVEL_NOTE` (what of its rows is not used).
 
     Raises:
         TraceError: a missing, unreadable, empty or not regular file (`trace_file_problem`),
-            or a malformed row.
+            a malformed row, or a Gavel trace without rows of ``seed % 5`` (field
+            ``seed``: the file's seeds and how the run's seed picks one).
         ValueError: an unknown format, a bad scale or window, or a job that cannot
             be mapped.
     """
@@ -290,7 +301,17 @@ def load_workload(path: str | Path, fmt: str = "auto", *, seed: int = 0, load_sc
         jobs = load_philly(p, seed=seed, min_duration_s=PHILLY_MIN_DURATION_S,
                            max_gpu_time_s=PHILLY_MAX_GPU_TIME_S)
     elif fmt == "gavel":
-        jobs = load_gavel(p, seed=seed % 5)
+        try:
+            jobs = load_gavel(p, seed=seed % 5)
+        except TraceError as exc:
+            if exc.field != "seed":
+                raise
+            if seed == seed % 5:
+                raise
+            raise TraceError(p, 0, "seed", exc.value, f"{exc.problem} (the run's seed {seed} "
+                             f"reads the file's seed {seed} % 5 = {seed % 5})") from None
+        if jobs and notes is not None:
+            notes.append(GAVEL_NOTE)
     elif fmt == "swf":
         jobs, skipped = load_swf(p)
         if skipped and notes is not None:

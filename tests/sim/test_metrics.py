@@ -49,12 +49,66 @@ def test_fairness_rho_divides_jct_by_the_time_alone_on_an_equal_share():
     outs = [outcome("a", 0.0, 0.0, 10.0, ideal=ideal), outcome("b", 5.0, 5.0, 15.0, ideal=ideal),
             outcome("c", 0.0, None, None, ideal=ideal), outcome("d", 1.0, 1.0, 2.0)]
     rho = fairness_rho(outs, total_gpus=8)
-    # While a is in the system ([0, 10)): d is there in [1, 2), b in [5, 15).
-    n_a = (1 * 1 + 2 * 1 + 1 * 3 + 2 * 5) / 10     # 1.6
+    # While a is in the system ([0, 10)): c the whole time (submitted at 0, never
+    # finished: a run stopped with it pending), d in [1, 2), b in [5, 15).
+    n_a = (2 * 1 + 3 * 1 + 2 * 3 + 3 * 5) / 10     # 2.6
     assert shares[0] == pytest.approx(8 / n_a)
     assert rho[0] == pytest.approx(10.0 / (100.0 / (8 / n_a)))
     assert np.isnan(rho[2]) and np.isnan(rho[3])   # unfinished; no model
     assert fairness_rho([], 8).size == 0
+
+
+def rigid(duration: float, gpus: int):
+    """A rigid job's time alone on a share (as `malleable.sim.workload` models one)."""
+    return lambda share: duration * max(1.0, gpus / share)
+
+
+def test_jobs_a_stopped_run_left_unfinished_count_as_sharing_the_gpus():
+    """8 GPUs. a: 4 GPUs, [0, 100), finished. b: 4 GPUs, running since 0 when the run
+    stopped. c: 4 GPUs, arrived at 50, pending. d: never submitted (arrives later).
+    N_a = (2 * 50 + 3 * 50) / 100 = 2.5, share 8 / 2.5 = 3.2 GPUs, a's time alone on it
+    100 * 4 / 3.2 = 125 s: rho_a = 100 / 125 = 0.8. Counting only the finished jobs
+    gave N_a = 1 and rho 1.0."""
+    outs = [outcome("a", 0.0, 0.0, 100.0, ideal=rigid(100.0, 4), gpus=4),
+            outcome("b", 0.0, 0.0, None, ideal=rigid(500.0, 4), gpus=4),
+            outcome("c", 50.0, None, None, ideal=rigid(500.0, 4), gpus=4),
+            JobOutcome("d", "", None, 4, 60.0, None, None, ideal_time=rigid(500.0, 4))]
+    rho = fairness_rho(outs, total_gpus=8)
+    assert rho[0] == pytest.approx(0.8)
+    assert np.isnan(rho[1:]).all()                  # no rho for the unfinished
+    s = summarize(outs, total_gpus=8)
+    assert (s["ftf_rho_avg"], s["ftf_rho_max"], s["ftf_unfair_fraction"]) == (0.8, 0.8, 0.0)
+    # A job arriving after every finished job ended changes nothing.
+    late = outcome("e", 100.0, 100.0, None, ideal=rigid(1.0, 4), gpus=4)
+    assert fairness_rho([*outs, late], 8)[0] == pytest.approx(0.8)
+
+
+def test_cpu_only_jobs_are_outside_finish_time_fairness(tmp_path):
+    """4 GPUs. g: 4 GPUs, [0, 100). x: 0 GPUs (a CPU job of the Eagle sample), [0, 100),
+    with the rigid model it used to get (a 1-GPU job). x had rho 1.0 and halved g's share
+    (N_g = 2: rho_g 0.5); with 100 such CPU jobs, x's rho was 100 / (100 * 101 / 4) =
+    0.04 without waiting. Now x has no rho and does not count: N_g = 1, rho_g = 1."""
+    g = outcome("g", 0.0, 0.0, 100.0, ideal=rigid(100.0, 4), gpus=4)
+    cpu = [outcome(f"x{i}", 0.0, 0.0, 100.0, ideal=rigid(100.0, 1), gpus=0) for i in range(100)]
+    rho = fairness_rho([g, *cpu], total_gpus=4)
+    assert rho[0] == pytest.approx(1.0) and np.isnan(rho[1:]).all()
+    s = summarize([g, *cpu], total_gpus=4)
+    assert (s["ftf_rho_avg"], s["ftf_rho_max"], s["ftf_unfair_fraction"]) == (1.0, 1.0, 0.0)
+    assert s["jobs"] == s["jobs_finished"] == 101 and s["avg_jct_s"] == 100.0
+    rows = list(csv.DictReader(write_jobs_csv([g, cpu[0]], 4, tmp_path / "j.csv").open()))
+    assert [(r["name"], r["ftf_rho"]) for r in rows] == [("g", "1.0"), ("x0", "")]
+    assert summarize(cpu, total_gpus=4)["ftf_rho_avg"] is None   # no GPU job: no fairness
+
+
+def test_a_cpu_only_replayed_job_has_no_ideal_time():
+    from malleable.sim.jobs import RigidJob
+    from malleable.sim.traces import TraceJob
+    from malleable.sim.workload import ReplayedJob, _ideal_time
+
+    cpu = ReplayedJob(TraceJob("x", 0.0, 0, duration_s=100.0), RigidJob(100.0), 1, 0)
+    assert _ideal_time(cpu, 4, 0) is None
+    gpu = ReplayedJob(TraceJob("y", 0.0, 2, duration_s=100.0), RigidJob(100.0), 1, 2)
+    assert _ideal_time(gpu, 4, 2)(1.0) == 200.0 and _ideal_time(gpu, 4, 2)(4.0) == 100.0
 
 
 def test_summary_on_a_hand_computed_run():

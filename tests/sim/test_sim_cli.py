@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -95,10 +96,12 @@ def test_site_history_with_rigid_and_cpu_only_jobs(tmp_path, map_models):
     rows = (out / "history" / "default" / "seed0" / "jobs.csv").read_text().splitlines()
     cpu = next(r.split(",") for r in rows if r.startswith("102,"))
     assert float(cpu[7]) == 630.0 and cpu[3] == "0"   # jct_s, gpus_requested
+    assert cpu[11] == ""                              # ftf_rho: outside fairness
     # The CPU-only job is noted: how many of how many, and what the simulator does.
     assert (f"--workload {hist}: 1 of 3 job(s) request 0 GPUs (CPU-only); they are simulated "
             "as rigid jobs that hold no GPU") in " ".join(res.stderr.split())
-    assert "add nothing to gpu_utilization" in res.stderr
+    assert ("not in the fairness metrics (ftf_rho_*: they share no GPU), and add nothing to "
+            "gpu_utilization") in res.stderr
 
 
 EAGLE = Path("/work/shared/data/nrel_eagle_slurm/sample_eagle_data.csv")
@@ -704,3 +707,140 @@ def test_a_trace_directory_means_its_traces_not_its_readme(tmp_path, workload):
                    "0.2", "--no-plots", "--out", str(tmp_path / "o"))
     assert res.exit_code == 0, res.stderr
     assert [p.name for p in (tmp_path / "o").iterdir() if p.is_dir()] == ["tiny"]
+
+
+def test_slurm_array_passes_a_trace_path_with_a_comma_whole(tmp_path):
+    """A trace found in a directory, named with a comma: its array task ran
+    `--workload /dir/a,b.csv`, which the command split into '/dir/a' and 'b.csv' (exit 2,
+    'no such file'). The task now passes it with --workload-path; bash runs task 0 here."""
+    d = tmp_path / "traces"
+    d.mkdir()
+    (d / "a,b.csv").write_text(WORKLOAD)
+    out = tmp_path / "array"
+    res = simulate("--workload", str(d), "--policy", "static", "--nodes", "2", "--max-time",
+                   "0.2", "--no-plots", "--out", str(out), "--slurm-array")
+    assert res.exit_code == 0, res.stderr
+    script = out / "simulate-array.sbatch"
+    # What bash hands the command: one argument, the whole path.
+    fake = tmp_path / "argv.sh"
+    fake.write_text("#!/bin/bash\nprintf '%s\\0' \"$@\"\n")
+    fake.chmod(0o755)
+    text = script.read_text().replace(f"exec {sys.executable} ", f"exec {fake} ")
+    assert text != script.read_text()
+    (tmp_path / "argv.sbatch").write_text(text)
+    argv = subprocess.run(["bash", str(tmp_path / "argv.sbatch")], capture_output=True,
+                          check=True, timeout=60,
+                          env={**os.environ, "SLURM_ARRAY_TASK_ID": "0"}).stdout.split(b"\0")
+    i = argv.index(b"--workload-path")
+    assert argv[i + 1] == str(d.resolve() / "a,b.csv").encode()
+    assert b"--workload" not in argv
+    # And the task itself runs that trace.
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "SLURM_ARRAY_TASK_ID": "0",
+                                         "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads((out / "a,b" / "static" / "seed0" / "summary.json").read_text())
+    assert s["workload"] == "a,b" and s["jobs"] == 3
+
+
+def test_a_path_with_a_comma_is_given_with_workload_path(tmp_path):
+    f = tmp_path / "site,2024.csv"
+    f.write_text(WORKLOAD)
+    res = simulate("--workload", str(f), "--policy", "static", "--out", str(tmp_path / "o"),
+                   "--slurm-array")
+    assert res.exit_code == 2
+    assert res.stderr == (f"malleable simulate: error: --workload {str(f)!r}: --workload splits "
+                          f"its value at commas (into {str(tmp_path / 'site')!r}, '2024.csv'); "
+                          "give a path with a comma with --workload-path\n")
+    res = simulate("--workload-path", str(f), "--policy", "static", "--nodes", "2",
+                   "--max-time", "0.2", "--no-plots", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.stderr
+    assert (tmp_path / "o" / "site,2024" / "static" / "seed0" / "summary.json").exists()
+    res = simulate("--workload-path", str(tmp_path / "nope,x.csv"), "--policy", "static",
+                   "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and res.stderr == (
+        f"malleable simulate: error: --workload-path {tmp_path / 'nope,x.csv'}: no such file\n")
+
+
+def test_json_nested_too_deeply_is_refused_not_a_traceback(tmp_path, workload):
+    """A trace, --policy-params or --config of deeply nested lists raised RecursionError
+    (a traceback, exit code 1)."""
+    f = tmp_path / "deep.json"
+    f.write_text('{"jobs": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    res = simulate("--workload", str(f), "--policy", "static", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith(f"malleable simulate: error: --workload {f}: JSON nested too "
+                                 "deeply to read")
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    deep = "[" * 20_000 + "]" * 20_000
+    res = simulate("--workload", str(workload), "--policy", "static", "--policy-params",
+                   f"static={deep}", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2, res.output
+    assert res.stderr == (f"malleable simulate: error: --policy-params {'static=' + '[' * 73!r}: "
+                          "JSON nested too deeply to read (more than about "
+                          f"{sys.getrecursionlimit()} levels)\n")
+    toml = tmp_path / "deep.toml"
+    toml.write_text("a = " + deep + "\n")
+    res = simulate("--workload", str(workload), "--policy", "static", "--config", str(toml),
+                   "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2, res.output
+    assert res.stderr == (f"malleable simulate: error: --config {toml}: TOML nested too deeply "
+                          f"to read (more than about {sys.getrecursionlimit()} levels)\n")
+
+
+def test_a_trace_none_of_whose_jobs_can_run_says_why(tmp_path):
+    """Every job left out by the loader: the error said only 'no job to simulate (the trace
+    has none, or none is left after the loader's filters)', and the note of what was left
+    out was never printed."""
+    swf = tmp_path / "log.swf"
+    swf.write_text("1 0 5 100 -1 -1 -1 -1 -1 -1 1 3 -1 -1 -1 -1 -1 -1\n"
+                   "2 10 5 100 -1 -1 -1 -1 -1 -1 1 3 -1 -1 -1 -1 -1 -1\n")
+    res = simulate("--workload", str(swf), "--policy", "static", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2
+    assert res.stderr == (f"malleable simulate: error: --workload {swf}: field alloc_procs=-1: "
+                          "no job to simulate: the processor count (field 5, alloc_procs, and 8, "
+                          "req_procs) is unknown (-1) on all 2 job(s) (the first on line 1)\n")
+    sacct = tmp_path / "sacct.txt"
+    sacct.write_text(
+        "JobID|Submit|Start|End|Elapsed|AllocTRES|State|\n"
+        "103|2024-03-01T11:05:00|Unknown|Unknown|00:00:00||CANCELLED by 0|\n"
+        "104|2024-03-01T11:06:00|2024-03-01T11:07:00|Unknown|00:10:00|gres/gpu=1|RUNNING|\n")
+    res = simulate("--workload", str(sacct), "--policy", "static", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2
+    assert res.stderr == (f"malleable simulate: error: --workload {sacct}: no job to simulate "
+                          "(the loader's filters left none: 2 job(s) that never started or "
+                          "still run left out)\n")
+
+
+GAVEL = ("seed,vc,line_no,job_type,num_steps_arg,needs_data_dir,total_steps,arrival_time_s,"
+         "scale_factor\n"
+         "0,v,0,ResNet-18 (batch size 64),--num_steps,1,1000,0.0,1\n"
+         "0,v,1,ResNet-18 (batch size 64),--num_steps,1,900000,30.0,1\n")
+
+
+def test_gavel_seed_the_file_lacks_and_the_unused_total_steps_are_said(tmp_path):
+    """A Gavel file holding seed 0 only: --seed 6 reads its seed 1, and the command said
+    'no job to simulate (the trace has none, ...)'. A loaded Gavel trace is noted: its
+    total_steps (here 1000 and 900000) do not set the jobs' work."""
+    f = tmp_path / "gavel.csv"
+    f.write_text(GAVEL)
+    res = simulate("--workload", str(f), "--policy", "static", "--seed", "0,6",
+                   "--out", str(tmp_path / "o"), "--slurm-array")
+    assert res.exit_code == 2
+    assert res.stderr.endswith(f"malleable simulate: error: --workload {f}: field seed=1: no "
+                               "row of seed 1: the file's seeds are 0 (the run's seed 6 reads "
+                               "the file's seed 6 % 5 = 1)\n")
+    res = simulate("--workload", str(f), "--policy", "static", "--nodes", "1", "--no-plots",
+                   "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.stderr
+    notes = [n for n in res.stderr.splitlines() if "total_steps" in n]
+    assert notes == [f"malleable simulate: note: --workload {f}: Gavel's total_steps and the "
+                     "job type's batch size are not used: each job trains its model's profile "
+                     "(the same family's, e.g. Transformer -> bert) to the profile's target at "
+                     "the profile's batch sizes, as a Philly job does whatever its duration "
+                     "(docs/simulator.md, Traces)"]
+    rows = list(csv.DictReader((tmp_path / "o" / "gavel" / "static" / "seed0" /
+                                "jobs.csv").open()))
+    assert [r["model"] for r in rows] == ["cifar10", "cifar10"]
+    # Same model, GPUs and batch, 900 times the steps: the same training, alone on 1 GPU.
+    assert float(rows[0]["jct_s"]) == pytest.approx(float(rows[1]["jct_s"]), rel=1e-6)

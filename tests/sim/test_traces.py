@@ -292,6 +292,29 @@ def test_gavel_refuses_a_malformed_row(tmp_path):
         load_gavel(f)
 
 
+GAVEL_HEAD = ("seed,vc,line_no,job_type,num_steps_arg,needs_data_dir,total_steps,"
+              "arrival_time_s,scale_factor\n")
+
+
+def test_gavel_seed_or_vc_without_rows_says_what_the_file_has(tmp_path):
+    """A seed (or VC) no row has gave [] and the command's 'no job to simulate (the trace
+    has none, or none is left after the loader's filters)': now the seeds it has."""
+    f = tmp_path / "g.csv"
+    f.write_text(GAVEL_HEAD + "0,v,0,LM (batch size 5),-n,1,100,0.0,1\n"
+                 "2,v,0,LM (batch size 5),-n,1,100,0.0,1\n"
+                 "2,w,1,LM (batch size 5),-n,1,100,3.0,1\n")
+    with pytest.raises(TraceError) as err:
+        load_gavel(f, seed=1)
+    assert str(err.value) == f"{f}: field seed=1: no row of seed 1: the file's seeds are 0, 2"
+    assert (err.value.field, err.value.value) == ("seed", 1)
+    with pytest.raises(TraceError, match=r"field vc='x': no row of seed 2 is of this VC: its "
+                                         r"VCs are v, w$"):
+        load_gavel(f, seed=2, vc="x")
+    assert [j.name for j in load_gavel(f, seed=2, vc="w")] == ["w-1"]
+    f.write_text(GAVEL_HEAD)
+    assert load_gavel(f, seed=3) == []     # no rows at all: nothing to say about seeds
+
+
 # ----------------------------------------------------------------------------- SWF
 
 
@@ -327,6 +350,31 @@ def test_swf_unknown_fields_fall_back_or_skip(tmp_path):
     jobs, skipped = load_swf(f)
     assert skipped == 1
     assert jobs == [TraceJob(name="1", arrival_s=0.0, gpus=8, duration_s=100.0, group="u3")]
+
+
+def test_swf_without_a_job_to_simulate_names_the_unknown_field(tmp_path):
+    """Every processor count -1 gave (jobs [], skipped 2) and the command only 'no job to
+    simulate': the loader now refuses the log naming the field and the first line."""
+    f = tmp_path / "log.swf"
+    f.write_text("; Version: 2.2\n"
+                 "1 0 5 100 -1 -1 -1 -1 -1 -1 1 3 -1 -1 -1 -1 -1 -1\n"
+                 "2 10 5 100 -1 -1 -1 -1 -1 -1 1 3 -1 -1 -1 -1 -1 -1\n")
+    with pytest.raises(TraceError) as err:
+        load_swf(f)
+    assert str(err.value) == (
+        f"{f}: field alloc_procs=-1: no job to simulate: the processor count (field 5, "
+        "alloc_procs, and 8, req_procs) is unknown (-1) on all 2 job(s) (the first on line 2)")
+    # Jobs lacking different fields: each field with its count and first line.
+    f.write_text("1 0 5 -1 4 -1 -1 -1 -1 -1 1 3 -1 -1 -1 -1 -1 -1\n"
+                 "2 10 5 -1 -1 -1 -1 -1 -1 -1 1 3 -1 -1 -1 -1 -1 -1\n")
+    with pytest.raises(TraceError) as err:
+        load_swf(f)
+    assert err.value.field == "alloc_procs" and str(err.value).endswith(
+        "no job to simulate: each of its 2 job(s) lacks a field the simulator needs (-1): "
+        "the run time (field 4, run_time) on 2 (the first on line 1); the processor count "
+        "(field 5, alloc_procs, and 8, req_procs) on 1 (the first on line 2)")
+    f.write_text("; only comments\n")
+    assert load_swf(f) == ([], 0)          # no job at all: not refused here
 
 
 # ----------------------------------------------------------------------------- sacct
@@ -490,6 +538,53 @@ def test_sacct_unknown_format_and_eagle_csv_malformed(tmp_path):
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(TraceError, match=r"x.csv:4: field gpus_req='-2': must be >= 0"):
         load_sacct(f)
+
+
+def test_eagle_rows_without_a_start_time_are_counted_as_left_out(tmp_path):
+    """(Regression: already counted, and noted by the command.) An Eagle row whose
+    start_time is empty or None is a job that never started: skipped and counted."""
+    head = ("job_id,user,account,partition,qos,wallclock_req,nodes_req,processors_req,"
+            "gpus_req,mem_req,submit_time,start_time,end_time,run_time,state,name,work_dir,"
+            "submit_line\n")
+    row = ("{id},u,a,p,normal,600.0,1,1,0,0.0,2019-01-01 08:55:55,{start},,{run},{state},n,w,"
+           "s\n")
+    f = tmp_path / "eagle.csv"
+    f.write_text(head + row.format(id=1, start="2019-01-01 08:55:56", run="60.0",
+                                   state="COMPLETED")
+                 + row.format(id=2, start="", run="0.0", state="CANCELLED")
+                 + row.format(id=3, start="None", run="0.0", state="CANCELLED"))
+    jobs, skipped = load_sacct(f)
+    assert [j.name for j in jobs] == ["1"] and skipped == 2
+
+
+@pytest.mark.parametrize("text", [
+    '{"jobs": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"jobs": [{"job_id": 1, "time": ' + "{\"a\": " * 100_000 + "1" + "}" * 100_000 + "}]}",
+])
+def test_sacct_json_nested_too_deeply_is_refused(tmp_path, text):
+    """Python's JSON decoder recurses per level: 100000 levels raised RecursionError
+    (a traceback, exit code 1)."""
+    f = tmp_path / "deep.json"
+    f.write_text(text)
+    with pytest.raises(TraceError) as err:
+        load_sacct(f)
+    assert str(err.value).startswith(f"{f}: JSON nested too deeply to read (lists or objects "
+                                     "more than about ")
+
+
+def test_a_nested_json_value_is_shown_abridged(tmp_path):
+    """A job that is a list 900 deep (within the decoder's reach) was shown whole: 1800
+    characters of brackets in a one-line error."""
+    f = tmp_path / "deep.json"
+    f.write_text('{"jobs": [' + "[" * 900 + "]" * 900 + "]}")
+    with pytest.raises(TraceError) as err:
+        load_sacct(f)
+    assert str(err.value) == f"{f}: field jobs[0]=[[[[...]]]]: not an object"
+    big = {"job_id": 1, "name": "x" * 500, "time": {"submission": 5}}
+    message = str(TraceError(f, 0, "jobs[0]", [big] * 50, "not an object"))
+    assert message.startswith(f"{f}: field jobs[0]=[{{'job_id': 1, ")
+    assert len(message) - len(str(f)) <= len(": field jobs[0]=: not an object") + 200
+    assert str(TraceError(f, 2, "name", "x" * 90, "bad")) == f"{f}:2: field name={'x' * 90!r}: bad"
 
 
 def test_trace_job_gpu_time():
