@@ -25,6 +25,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import tomllib
 import types
 import typing
@@ -450,8 +451,8 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     """The TOML document of a configuration file, not yet checked.
 
     Raises:
-        ConfigError: the file cannot be read (missing, permission, I/O), is not UTF-8
-            or not valid TOML; the message names the path.
+        ConfigError: the file cannot be read (missing, permission, I/O), is not UTF-8,
+            not valid TOML or nested too deeply to read; the message names the path.
     """
     p = Path(path)
     try:
@@ -467,3 +468,6 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: not UTF-8 text (byte {exc.start})") from None
+    except RecursionError:   # (tomllib recurses once per level of nesting)
+        raise ConfigError(f"{p}: TOML nested too deeply to read (more than about "
+                          f"{sys.getrecursionlimit()} levels)") from None

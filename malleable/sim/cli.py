@@ -443,10 +443,6 @@ def _read_config(path: str) -> dict:
     except ConfigError as exc:
         message = str(exc)
         raise _fail(f"--config {message if path in message else f'{path}: {message}'}") from None
-    except RecursionError:
-        # (the TOML reader recurses per nesting level; malleable.config does not catch it)
-        raise _fail(f"--config {path}: TOML nested too deeply to read (more than about "
-                    f"{sys.getrecursionlimit()} levels)") from None
     try:
         get_policy(config.policy.name, **dict(config.policy.params))
     except (TypeError, ValueError) as exc:

@@ -31,6 +31,8 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 
+from malleable.slurm.runner import run_group
+
 _KV = re.compile(r"^([A-Za-z_][\w\[\]().]*)\s*=\s?(.*)$")
 _STATUS = re.compile(r"^Slurmctld\((\w+)\) at (\S+) is (\S+)")
 _HEADER = re.compile(r"^Configuration data as of")
@@ -145,13 +147,13 @@ class ControllerQuery:
                 "hash": c.hash_val if c else None}
 
 
-def _stderr_reason(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
+def _stderr_reason(returncode: int, stdout: str, stderr: str) -> str:
+    lines = [ln.strip() for ln in (stderr or stdout or "").splitlines() if ln.strip()]
     # scontrol prints "error: ..." lines then "fatal: ..."; the first error says most.
     for ln in lines:
         if "error" in ln.lower():
             return ln
-    return lines[-1] if lines else f"exit status {proc.returncode}"
+    return lines[-1] if lines else f"exit status {returncode}"
 
 
 def query_controller(slurm_conf: str | os.PathLike, timeout_s: float,
@@ -173,8 +175,8 @@ def query_controller(slurm_conf: str | os.PathLike, timeout_s: float,
     run_env = dict(os.environ if env is None else env)
     run_env["SLURM_CONF"] = os.fspath(slurm_conf)
     try:
-        proc = subprocess.run(list(argv), env=run_env, capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        # (its own process group, killed whole on a timeout: `malleable.slurm.runner`)
+        returncode, stdout, stderr = run_group(argv, run_env, timeout_s)
     except FileNotFoundError:
         return ControllerQuery(True, error=f"{scontrol} not found (is slurm-client installed?)",
                                argv=argv)
@@ -184,9 +186,9 @@ def query_controller(slurm_conf: str | os.PathLike, timeout_s: float,
     except OSError as exc:
         return ControllerQuery(True, error=f"cannot run {scontrol}: {exc.strerror or exc}",
                                argv=argv)
-    if proc.returncode != 0:
-        return ControllerQuery(True, error=_stderr_reason(proc), argv=argv)
+    if returncode != 0:
+        return ControllerQuery(True, error=_stderr_reason(returncode, stdout, stderr), argv=argv)
     try:
-        return ControllerQuery(True, config=parse_show_config(proc.stdout), argv=argv)
+        return ControllerQuery(True, config=parse_show_config(stdout), argv=argv)
     except ShowConfigError as exc:
         return ControllerQuery(True, error=f"scontrol show config: {exc}", argv=argv)

@@ -255,3 +255,19 @@ def test_interpret_can_ask_for_a_retry():
 def test_message_classification(msg, down, never_delivered):
     assert unavailable(msg) is down
     assert unavailable(msg, delivered_only=True) is never_delivered
+
+
+def test_conf_checks_scontrol_query_kills_its_whole_group_on_a_timeout(tmp_path):
+    """`conf check`'s ``scontrol show config`` ran through subprocess.run too, whose
+    timeout left a wrapper's grandchild running; it now goes through `run_group`."""
+    from malleable.slurm_conf.controller import query_controller
+
+    script, pidfile = _wrapper(tmp_path)
+    q = query_controller(tmp_path / "slurm.conf", timeout_s=1.0, scontrol=str(script))
+    assert q.error == "scontrol show config gave no answer within 1 s"
+    pid = _grandchild_pid(pidfile)
+    try:
+        assert _gone_within(pid, 5.0), f"grandchild {pid} still runs after the timeout"
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
