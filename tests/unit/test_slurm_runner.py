@@ -116,6 +116,17 @@ def _gone_within(pid: int, timeout_s: float) -> bool:
     return True
 
 
+def _assert_killed(pidfile, after: str) -> None:
+    """The grandchild whose pid is in ``pidfile`` is gone within 5 s (killed with its
+    group ``after`` a timeout or an interrupt); if not, the test fails and kills it."""
+    pid = _grandchild_pid(pidfile)
+    try:
+        assert _gone_within(pid, 5.0), f"grandchild {pid} still runs after the {after}"
+    finally:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_timeout_kills_the_commands_whole_process_group(tmp_path):
     """subprocess.run's timeout killed the command alone: the sleeping grandchild of a
     wrapper script kept running (and holding a Slurm client's resources)."""
@@ -126,12 +137,7 @@ def test_a_timeout_kills_the_commands_whole_process_group(tmp_path):
                        r"attempt\(s\)\)$"):
         r.run([str(script)])
     assert time.monotonic() - start < 1.0 + REAP_S
-    pid = _grandchild_pid(pidfile)
-    try:
-        assert _gone_within(pid, 5.0), f"grandchild {pid} still runs after the timeout"
-    finally:
-        if _running(pid):
-            os.kill(pid, signal.SIGKILL)
+    _assert_killed(pidfile, "timeout")
 
 
 def test_a_timeout_does_not_wait_for_a_process_that_left_the_group(tmp_path):
@@ -167,12 +173,7 @@ def test_an_interrupted_wait_kills_the_commands_process_group(tmp_path):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    pid = _grandchild_pid(pidfile)
-    try:
-        assert _gone_within(pid, 5.0), f"grandchild {pid} still runs after the interrupt"
-    finally:
-        if _running(pid):
-            os.kill(pid, signal.SIGKILL)
+    _assert_killed(pidfile, "interrupt")
 
 
 def test_a_change_that_may_have_happened_is_not_retried():
@@ -265,9 +266,4 @@ def test_conf_checks_scontrol_query_kills_its_whole_group_on_a_timeout(tmp_path)
     script, pidfile = _wrapper(tmp_path)
     q = query_controller(tmp_path / "slurm.conf", timeout_s=1.0, scontrol=str(script))
     assert q.error == "scontrol show config gave no answer within 1 s"
-    pid = _grandchild_pid(pidfile)
-    try:
-        assert _gone_within(pid, 5.0), f"grandchild {pid} still runs after the timeout"
-    finally:
-        if _running(pid):
-            os.kill(pid, signal.SIGKILL)
+    _assert_killed(pidfile, "timeout")
