@@ -16,6 +16,7 @@ times are timezone-aware UTC datetimes.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -54,6 +55,8 @@ from malleable.db.models import (
     Target,
 )
 from malleable.slurm.records import JobState, SlurmJob
+
+_log = logging.getLogger(__name__)
 
 # Bound parameters per IN (...) list; SQLite allows 32766, PostgreSQL 65535.
 _CHUNK = 500
@@ -1045,11 +1048,53 @@ _OPERATOR_SETTINGS = select(Setting.key, Setting.value).where(
 
 def operator_settings(session: Session) -> tuple[bool, tuple[str, dict[str, Any]] | None]:
     """What operators set, in one query: (paused, (policy name, params) or None when no
-    operator chose a policy). The same values as `is_paused` and `active_policy`."""
-    got = dict(run_core(session, _OPERATOR_SETTINGS).all())
+    operator chose a policy). The same values as `is_paused` and `active_policy`.
+
+    A row that is not valid JSON (an SQLite file edited by hand, `corrupt_setting`), or
+    policy parameters that are not a JSON object, must not stop the daemon's poll,
+    which reads them: an unreadable pause reads as paused (the daemon then starts no
+    action, the safe side), unreadable policy rows as no operator's choice (the
+    configuration's policy), each with an error in the log saying how to repair it
+    (`malleable resume` or `pause`, `malleable policy reset`).
+    """
+    try:
+        got = dict(run_core(session, _OPERATOR_SETTINGS).all())
+    except ValueError:   # (the JSON type's decoder, on a row that is not JSON)
+        got = _readable_settings(session, (PAUSED_KEY, POLICY_NAME_KEY, POLICY_PARAMS_KEY))
+    params = got.get(POLICY_PARAMS_KEY) or {}
+    if not isinstance(params, Mapping):
+        _log.error("settings row %r holds %r, not a JSON object: using the configuration's "
+                   "policy; `malleable policy reset` clears it", POLICY_PARAMS_KEY, params)
+        got[POLICY_NAME_KEY] = None
     name = got.get(POLICY_NAME_KEY)
-    policy = None if name is None else (str(name), dict(got.get(POLICY_PARAMS_KEY) or {}))
+    policy = None if name is None else (str(name), dict(params))
     return bool(got.get(PAUSED_KEY, False)), policy
+
+
+def _readable_settings(session: Session, keys: Sequence[str]) -> dict[str, Any]:
+    """The values of settings ``keys``, each decoded on its own (`operator_settings`):
+    a pause that is not JSON reads as True, a policy row that is not JSON drops the
+    operator's policy (name and params); each is logged as an error."""
+    out: dict[str, Any] = {}
+    bad: dict[str, Any] = {}
+    for key, raw in run_core(session, _RAW_SETTINGS, {"keys": list(keys)}).all():
+        try:
+            out[key] = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+        except ValueError:
+            bad[key] = raw
+    for key, raw in sorted(bad.items()):
+        paused = key == PAUSED_KEY
+        _log.error("settings row %r holds %r, which is not valid JSON: %s; %s", key, raw,
+                   "taken as paused (no action is started)" if paused
+                   else "using the configuration's policy",
+                   "`malleable resume` (or `pause`) rewrites it" if paused
+                   else "`malleable policy reset` clears it")
+        if paused:
+            out[key] = True
+        else:
+            out.pop(POLICY_NAME_KEY, None)
+            out.pop(POLICY_PARAMS_KEY, None)
+    return out
 
 
 def record_operator_change(session: Session, key: str, command: str, by: str, host: str,

@@ -397,6 +397,45 @@ def test_the_policy_an_operator_sets_is_read_with_the_pause_by_the_poll(tmp_path
         assert s.get(Decision, r.decision_id).policy == "equi"   # the configuration's
 
 
+def test_a_settings_row_that_is_not_json_does_not_stop_the_poll(tmp_path, caplog):
+    """A hand-edited store (`UPDATE settings SET value = '{bad'`): the poll's read of the
+    operator's settings raised the JSON decoder's error, so every poll (and the ingest and
+    decision after it) failed until the row was repaired. An unreadable pause now reads
+    as paused, an unreadable policy as the configuration's, each with an error in the log."""
+    from sqlalchemy import text
+
+    c = Cluster(tmp_path)
+    c.malleable()
+    c.advance(1)
+    with c.sessions() as s, s.begin():
+        store.set_policy(s, "fifo", {}, c.engine.datetime_at())
+        store.set_paused(s, False, c.engine.datetime_at())
+        s.execute(text("UPDATE settings SET value = '{bad' WHERE key IN (:p, :q)"),
+                  {"p": store.PAUSED_KEY, "q": store.POLICY_PARAMS_KEY})
+    caplog.set_level(logging.ERROR, logger="malleable.db.store")
+    r = c.daemon.decide_cycle()
+    assert r.paused and r.decision_id is not None
+    with c.sessions() as s:
+        assert s.get(Decision, r.decision_id).policy == "equi"   # the configuration's
+    said = [rec.getMessage() for rec in caplog.records]
+    assert f"settings row '{store.PAUSED_KEY}' holds '{{bad', which is not valid JSON: taken " \
+           "as paused (no action is started); `malleable resume` (or `pause`) rewrites it" in said
+    assert any(m.startswith(f"settings row '{store.POLICY_PARAMS_KEY}' holds '{{bad'") and
+               m.endswith("using the configuration's policy; `malleable policy reset` clears it")
+               for m in said), said
+    # Params that are JSON but not an object: the configuration's policy too.
+    with c.sessions() as s, s.begin():
+        s.execute(text("UPDATE settings SET value = '[1, 2]' WHERE key = :q"),
+                  {"q": store.POLICY_PARAMS_KEY})
+        s.execute(text("UPDATE settings SET value = 'false' WHERE key = :p"),
+                  {"p": store.PAUSED_KEY})
+    c.advance(20)
+    r = c.daemon.decide_cycle()
+    assert not r.paused
+    with c.sessions() as s:
+        assert s.get(Decision, r.decision_id).policy == "equi"
+
+
 def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog):
     """The admin commands write only the store; the daemon logs when it takes them up."""
     c = Cluster(tmp_path)
