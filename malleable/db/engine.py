@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -241,15 +242,18 @@ _VERSION_TABLE = "alembic_version"
 
 
 def foreign_sqlite(dbapi_conn: Any) -> bool:
-    """Whether an SQLite database holds tables but no schema version table: another
-    application's, which malleable must not write to (the schema layer refuses it).
+    """Whether an SQLite database is another application's, which malleable must not
+    write to (the schema layer refuses it): it holds tables but no schema version
+    table, or a version table with a revision that is not malleable's (another
+    application's Alembic).
 
     Args:
         dbapi_conn: an open sqlite3 connection.
 
     Returns:
-        True if it has a table (SQLite's own ``sqlite_*`` aside) and none is
-        ``alembic_version``; False for an empty database or a malleable one.
+        True if it has a table (SQLite's own ``sqlite_*`` aside) and either none is
+        ``alembic_version`` or that holds a revision not of malleable's form
+        (`MALLEABLE_REVISION`); False for an empty database or a malleable one.
 
     Raises:
         sqlite3.DatabaseError: the file is not a database (or cannot be read).
@@ -257,7 +261,23 @@ def foreign_sqlite(dbapi_conn: Any) -> bool:
     names = {row[0] for row in dbapi_conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
         "ESCAPE '\\'")}
-    return bool(names) and _VERSION_TABLE not in names
+    if not names:
+        return False
+    if _VERSION_TABLE not in names:
+        return True
+    return not all(is_malleable_revision(row[0]) for row in dbapi_conn.execute(
+        f"SELECT version_num FROM {_VERSION_TABLE}"))
+
+
+#: malleable's schema revisions are four digits ("0001", ...: malleable/db/migrations), so
+#: a newer malleable's too; another application's Alembic revisions are hex ids.
+MALLEABLE_REVISION = re.compile(r"\d{4}")
+
+
+def is_malleable_revision(revision: object) -> bool:
+    """Whether ``revision`` (an ``alembic_version.version_num``) has the form of
+    malleable's revisions (`MALLEABLE_REVISION`), known to this malleable or not."""
+    return isinstance(revision, str) and MALLEABLE_REVISION.fullmatch(revision) is not None
 
 
 def _install_sqlite_hooks(engine: Engine, busy_timeout_ms: int) -> None:

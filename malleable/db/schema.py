@@ -17,7 +17,8 @@ What the daemon does at start (`prepare_schema`):
 * newer schema (a revision this malleable does not know): `SchemaTooNew`,
   naming the revision found and, when recorded, the malleable version that
   wrote it;
-* tables but no Alembic version: `NotMalleableDatabase`, naming a few of them.
+* tables but no Alembic version, or another application's Alembic revision (not four
+  digits like malleable's): `NotMalleableDatabase`, naming a few of them.
 
 `upgrade` (``malleable db upgrade``) refuses such a database too: it creates the
 schema only in an empty database or upgrades malleable's own, and never writes
@@ -38,7 +39,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, inspect, select
 
 from malleable import __version__
-from malleable.db.engine import describe_url, readonly_engine
+from malleable.db.engine import describe_url, is_malleable_revision, readonly_engine
 from malleable.db.errors import (
     NotMalleableDatabase,
     SchemaMissing,
@@ -117,6 +118,13 @@ class SchemaStatus:
     def up_to_date(self) -> bool:
         return self.current == self.head
 
+    @property
+    def foreign(self) -> bool:
+        """Another application's database: tables, and no schema version or one that is
+        not of malleable's form (`malleable.db.engine.is_malleable_revision`)."""
+        return bool(self.tables) and (self.current is None
+                                      or not is_malleable_revision(self.current))
+
 
 def _status(conn: Connection, where: str) -> SchemaStatus:
     tables = set(inspect(conn).get_table_names())
@@ -137,10 +145,13 @@ def _not_malleable(st: SchemaStatus) -> NotMalleableDatabase:
     to five of its tables."""
     shown = ", ".join(st.tables[:5]) + (f" and {len(st.tables) - 5} more"
                                         if len(st.tables) > 5 else "")
+    version = (f"no malleable schema version ({VERSION_TABLE})" if st.current is None else
+               f"its {VERSION_TABLE} holds revision {st.current!r}, not one of malleable's "
+               f"(four digits, e.g. {st.head})")
     return NotMalleableDatabase(
-        f"{st.where}: not a malleable database: it holds tables ({shown}) but no malleable "
-        f"schema version ({VERSION_TABLE}); malleable writes its tables only into an empty "
-        f"database or its own: give a new file or an empty database")
+        f"{st.where}: not a malleable database: it holds tables ({shown}) but {version}; "
+        f"malleable writes its tables only into an empty database or its own: give a new "
+        f"file or an empty database")
 
 
 def schema_status(engine: Engine) -> SchemaStatus:
@@ -178,7 +189,8 @@ def check_schema(engine: Engine) -> str:
         SchemaMissing: no malleable schema yet ("run `malleable db upgrade`").
         SchemaTooOld: an older revision ("run `malleable db upgrade`").
         SchemaTooNew: a revision this malleable does not know (written by a newer one).
-        NotMalleableDatabase: tables but no Alembic version.
+        NotMalleableDatabase: tables but no malleable schema version (none, or another
+            application's Alembic revision).
         DatabaseUnavailable: the database cannot be read.
     """
     st = schema_status(engine)
@@ -187,7 +199,7 @@ def check_schema(engine: Engine) -> str:
     if st.empty:
         raise SchemaMissing(f"{st.where}: the database has no malleable schema; "
                             f"run `malleable db upgrade`")
-    if st.current is None:
+    if st.foreign:
         raise _not_malleable(st)
     if not st.known:
         raise _too_new(st)
@@ -242,7 +254,7 @@ def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str | None]:
     where = describe_url(engine.url)
     with engine.connect() as conn, conn.begin():
         st = _status(conn, where)
-        if st.current is None and not st.empty:
+        if st.foreign:
             raise _not_malleable(st)
         if not st.known:
             raise _too_new(st)
@@ -268,12 +280,15 @@ def downgrade(engine: Engine, to: str) -> tuple[str | None, str | None]:
 
     Raises:
         SchemaTooNew: the database is at a revision this malleable does not know.
+        NotMalleableDatabase: another application's database (`SchemaStatus.foreign`).
         StoreError: ``to`` is not a known revision or is newer than the current one.
         DatabaseUnavailable: the database cannot be written.
     """
     where = describe_url(engine.url)
     with engine.connect() as conn, conn.begin():
         st = _status(conn, where)
+        if st.foreign:
+            raise _not_malleable(st)
         if not st.known:
             raise _too_new(st)
         target = _resolve(to, where)

@@ -201,3 +201,34 @@ def test_engine_from_config_refuses_an_in_memory_state_store(tmp_path):
     r = CliRunner().invoke(main, ["db", "upgrade", "--database-url", "sqlite://"])
     assert r.exit_code == 2 and "an in-memory SQLite database" in r.output
     make_engine("sqlite://").dispose()
+
+
+def test_another_applications_alembic_database_is_foreign_and_left_as_it_was(tmp_path):
+    """A file versioned by another application's Alembic (a hex revision) was refused as
+    "written by a newer malleable" and switched to WAL on the way (a new-user tester).
+    Its revision is not of malleable's four-digit form: it is foreign, not touched, and
+    the schema layer says it is not a malleable database."""
+    import sqlite3
+
+    from malleable.db import schema
+    from malleable.db.engine import foreign_sqlite, is_malleable_revision
+    from malleable.db.errors import NotMalleableDatabase
+
+    assert is_malleable_revision("0004") and is_malleable_revision("0123")
+    assert not any(is_malleable_revision(r) for r in ("deadbeef1234", "4", "00041", None))
+    theirs = tmp_path / "theirs.db"
+    with sqlite3.connect(theirs) as conn:
+        conn.execute("CREATE TABLE stuff (x TEXT)")
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        conn.execute("INSERT INTO alembic_version VALUES ('deadbeef1234')")
+        assert foreign_sqlite(conn)
+    conn.close()
+    before = theirs.read_bytes()
+    engine = make_engine(f"sqlite:///{theirs}")
+    for call in (schema.check_schema, schema.upgrade, lambda e: schema.downgrade(e, "base")):
+        with pytest.raises(NotMalleableDatabase, match=r"not a malleable database: it holds "
+                           r"tables \(stuff\) but its alembic_version holds revision "
+                           r"'deadbeef1234', not one of malleable's \(four digits"):
+            call(engine)
+    engine.dispose()
+    assert theirs.read_bytes() == before
