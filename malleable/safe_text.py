@@ -50,3 +50,34 @@ def safe_text(value: object) -> str:
         return text
     return "".join(_escape(c) if unicodedata.category(c) in _UNSAFE_CATEGORIES else c
                    for c in text)
+
+
+def _json_escape(ch: str) -> str:
+    """One character as a JSON ``\\u`` escape (a surrogate pair beyond U+FFFF)."""
+    o = ord(ch)
+    if o < 0x10000:
+        return f"\\u{o:04x}"
+    o -= 0x10000
+    return f"\\u{0xD800 + (o >> 10):04x}\\u{0xDC00 + (o & 0x3FF):04x}"
+
+
+def safe_json_text(text: str) -> str:
+    """JSON text (as `json.dumps` writes it with ``ensure_ascii=False``) with every
+    character `safe_text` escapes written as a JSON ``\\u`` escape instead.
+
+    Args:
+        text: a JSON document's text; the characters in question can only be inside
+            its strings (JSON's own whitespace is space, tab, line feed and carriage
+            return, which `json.dumps` writes only as indentation and line breaks).
+
+    Returns:
+        The same document (it parses to exactly the same values) whose text holds no
+        control, format (bidirectional overrides, zero-width characters), surrogate or
+        line/paragraph separator character raw, but the line breaks between its lines.
+    """
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if not line.isprintable():     # (the common case, a printable line, is kept)
+            lines[i] = "".join(_json_escape(c) if unicodedata.category(c) in
+                               _UNSAFE_CATEGORIES else c for c in line)
+    return "\n".join(lines)

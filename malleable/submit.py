@@ -46,6 +46,7 @@ import click
 
 from malleable.clitypes import one_line
 from malleable.config import ConfigError, load_config
+from malleable.safe_text import safe_text
 from malleable.slurm import connect_once
 from malleable.slurm.client import InvalidArgument, SlurmError
 from malleable.slurm.jobid import check_count
@@ -598,7 +599,7 @@ def check_capacity(spec: MalleableSpec, cluster: ClusterInfo) -> str | None:
 
 def _fail(message: str, code: int) -> None:
     """Print the error on one line (Slurm's own messages may span several) and exit."""
-    click.echo(f"malleable submit: error: {one_line(message)}", err=True)
+    click.echo(f"malleable submit: error: {safe_text(one_line(message))}", err=True)
     sys.exit(code)
 
 
@@ -801,7 +802,8 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
             argv = sbatch_argv(request)
         except InvalidArgument as exc:
             _fail(str(exc), 2)
-        click.echo(shlex.join((["env", *env] if env else []) + argv))
+        # (the script's words as typed, but a control character shows as its escape)
+        click.echo(safe_text(shlex.join((["env", *env] if env else []) + argv)))
         return
     try:
         job_id = client.submit(request)

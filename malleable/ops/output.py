@@ -12,8 +12,9 @@ or a line break that fakes a table row, and bidirectional overrides become
 visible escapes such as ``\\x1b``). `table` does it for every cell, the text
 views for the values they put in their own lines, and `emit` and `fail` once
 more for whatever they print (all but the view's own line breaks). The JSON
-documents keep every string exactly; `dumps` writes each control character in
-them (C1 too) as a JSON ``\\u`` escape, and other characters as they are.
+documents keep every string exactly; `dumps` writes each character `safe_text`
+would escape (C1 controls and bidirectional overrides too) as a JSON ``\\u``
+escape, and other characters as they are.
 
 Errors: raise `BadInput` (exit 2), `Refused` or `Failed` (exit 1); the
 `handle_errors` decorator also turns the configuration's, the store's and the
@@ -38,7 +39,10 @@ from malleable.clitypes import one_line
 from malleable.config import ConfigError
 from malleable.db.cli import store_options  # noqa: F401  (re-exported for the commands)
 from malleable.db.errors import StoreError
-from malleable.safe_text import safe_text  # noqa: F401  (re-exported for the commands)
+from malleable.safe_text import (
+    safe_json_text,
+    safe_text,  # noqa: F401  (re-exported for the commands)
+)
 from malleable.slurm.client import SlurmError
 
 
@@ -110,11 +114,6 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         help="Print one JSON document (schema: docs/cli-json.md).")(fn)
 
 
-# JSON escapes U+0000-U+001F itself but leaves DEL and the C1 controls raw (U+009B is a
-# CSI, which starts an escape sequence in some terminals); they can only be in strings.
-_JSON_RAW_CONTROLS = re.compile("[\x7f-\x9f]")
-
-
 def dumps(doc: dict) -> str:
     """The JSON text of a result document (UTF-8, indented, keys in build order).
 
@@ -122,11 +121,12 @@ def dumps(doc: dict) -> str:
         doc: a result document (JSON values only; no NaN or infinity).
 
     Returns:
-        The JSON text; every control character, DEL and C1 included, as a ``\\u``
-        escape, so the text holds none raw and parses to exactly ``doc``.
+        The JSON text; every control character (C0, DEL, C1), format character (a
+        bidirectional override, a zero-width space), lone surrogate and line or
+        paragraph separator as a ``\\u`` escape (`safe_json_text`; JSON escapes only
+        C0 itself), so the text holds none raw and parses to exactly ``doc``.
     """
-    text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
-    return _JSON_RAW_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return safe_json_text(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False))
 
 
 def emit(doc: dict, as_json: bool, render: Callable[[dict], str]) -> None:
@@ -247,6 +247,17 @@ def fmt_params(params: dict | None) -> str:
     return " ".join(f"{safe_text(k)}={json.dumps(v)}" for k, v in sorted((params or {}).items()))
 
 
+#: The widest a cell of a table's columns but the last may be (`table`).
+CELL_WIDTH = 48
+
+
+def _cell(value: Any, last: bool) -> str:
+    """One table cell: "-" for None, else `safe_text`; cut to `CELL_WIDTH` characters,
+    the last shown as "…", unless it is in the last column (which pads nothing)."""
+    text = "-" if value is None else safe_text(value)
+    return text if last or len(text) <= CELL_WIDTH else text[:CELL_WIDTH - 1] + "…"
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
           right: Iterable[int] = ()) -> str:
     """A plain-text table: a header line, then one line per row, columns aligned.
@@ -254,7 +265,10 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
     Args:
         headers: column titles.
         rows: cells (converted with ``str`` and made safe with `safe_text`, so that a
-            cell is one line that moves no cursor; None shows as "-").
+            cell is one line that moves no cursor; None shows as "-"). A cell of any
+            column but the last is cut to `CELL_WIDTH` characters (ending in "…"): one
+            job's 200,000-character name padded every row of `status` to its width.
+            ``--json`` has the values whole.
         right: indexes of right-aligned (numeric) columns.
 
     Returns:
@@ -262,7 +276,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
         there are no rows.
     """
     headers = [safe_text(h) for h in headers]
-    cells = [[("-" if c is None else safe_text(c)) for c in r] for r in rows]
+    cells = [[_cell(c, i == len(r) - 1) for i, c in enumerate(r)] for r in rows]
     widths = [len(h) for h in headers]
     for r in cells:
         for i, c in enumerate(r):

@@ -407,12 +407,12 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
         name, sep, text = v.partition("=")
         name = name.strip()
         if not sep:
-            raise _fail(f"--policy-params {v!r}: expected NAME=JSON for a policy of --policy")
+            raise _fail(f"--policy-params {v[:80]!r}: expected NAME=JSON for a policy of --policy")
         if name not in policies:
-            raise _fail(f"--policy-params {v!r}: {name!r} is not among --policy "
+            raise _fail(f"--policy-params {v[:80]!r}: {name!r} is not among --policy "
                         f"({', '.join(policies)}); its parameters would be unused")
         if name in out:
-            raise _fail(f"--policy-params {v!r}: parameters of {name!r} given twice (give "
+            raise _fail(f"--policy-params {v[:80]!r}: parameters of {name!r} given twice (give "
                         f"them in one JSON object)")
         try:
             params = json.loads(text)
@@ -422,7 +422,7 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
             raise _fail(f"--policy-params {v[:80]!r}: JSON nested too deeply to read "
                         f"(more than about {sys.getrecursionlimit()} levels)") from None
         if not isinstance(params, dict):
-            raise _fail(f"--policy-params {v!r}: expected a JSON object")
+            raise _fail(f"--policy-params {v[:80]!r}: expected a JSON object")
         try:
             get_policy(name, **params)
         except (TypeError, ValueError) as exc:

@@ -785,7 +785,7 @@ def test_json_nested_too_deeply_is_refused_not_a_traceback(tmp_path, workload):
                    "--out", str(tmp_path / "o"))
     assert res.exit_code == 2, res.output
     assert res.stderr == (f"malleable simulate: error: --config {toml}: TOML nested too deeply "
-                          f"to read (more than about {sys.getrecursionlimit()} levels)\n")
+                          f"to read\n")
 
 
 def test_a_trace_none_of_whose_jobs_can_run_says_why(tmp_path):

@@ -111,14 +111,11 @@ def test_cycle_intervals_have_a_one_second_floor(tmp_path, key):
 def test_a_config_nested_too_deeply_is_a_config_error_not_a_recursion_error(tmp_path):
     """tomllib recurses once per level: 20,000 nested arrays raised RecursionError out of
     the daemon's start and every command's configuration load (a traceback, exit 1)."""
-    import sys
-
     p = tmp_path / "deep.toml"
     p.write_text("a = " + "[" * 20_000 + "]" * 20_000 + "\n")
     with pytest.raises(ConfigError) as err:
         load_config(p)
-    assert str(err.value) == (f"{p}: TOML nested too deeply to read (more than about "
-                              f"{sys.getrecursionlimit()} levels)")
+    assert str(err.value) == f"{p}: TOML nested too deeply to read"
 
 
 def test_a_nul_byte_in_the_database_url_is_a_config_error_naming_the_key(tmp_path):

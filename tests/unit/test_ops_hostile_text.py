@@ -149,12 +149,16 @@ def test_table_cells_are_one_line_and_aligned():
 
 
 def test_json_text_escapes_c1_and_parses_to_the_same_document():
-    doc = {"name": NAME, "n": [USER, ERROR], "é": "日本"}
+    """C1 controls, and (a new-user tester: `actions --json` on a terminal showed them raw)
+    bidi overrides, zero-width characters and line separators are written as escapes;
+    the document parses to exactly the same values."""
+    doc = {"name": NAME, "n": [USER, ERROR], "é": "日本", "z": "a\u200bb\u2028c\U000e0041"}
     text = dumps(doc)
     assert json.loads(text) == doc
-    assert raw_unsafe(text.replace("\u202e", "").replace("\u2066", "")) == []
+    assert raw_unsafe(text) == []
     assert "\\u009b" in text and "\\u001b" in text and "日本" in text
-    assert "\u202e" in text                               # bidi kept: JSON is data
+    assert "\\u202e" in text and "\\u200b" in text and "\\u2028" in text
+    assert "\\udb40\\udc41" in text                    # a tag character, as a surrogate pair
 
 
 def test_emit_escapes_what_a_text_view_left_raw_but_its_line_breaks():
@@ -176,8 +180,9 @@ def test_emit_escapes_what_a_text_view_left_raw_but_its_line_breaks():
 
 def test_status_shows_hostile_names_and_users_escaped(run):
     out = ok(run("status"))
-    assert_terminal_safe(out, "evil\\x1b[2J\\x1b]0;owned\\x07\\x1b[31m\\rFAKE\\u202egpj.exe"
-                              "\\x9b1m\\nFAKE 999 root RUNNING", "mallory\\x1b[8m")
+    # (the name's escaped text cut to the table's cell width, `output.CELL_WIDTH`)
+    assert_terminal_safe(out, "evil\\x1b[2J\\x1b]0;owned\\x07\\x1b[31m\\rFAKE\\u202e…",
+                         "mallory\\x1b[8m")
     row = next(line for line in out.splitlines() if line.startswith("105 "))
     assert "RUNNING" in row and "resize 2->4: pending" in row
     # The table's columns still line up: the header's next column starts where the row's does.
@@ -280,3 +285,15 @@ def test_plan_escapes_names_and_the_daemon_codes_warnings(run, monkeypatch):
     doc = json.loads(ok(run("plan", "--json")))
     assert {j["job_id"]: j["name"] for j in doc["jobs"]}["105"] == NAME
     assert any("\x1b" in w for w in doc["warnings"])
+
+
+def test_a_long_cell_is_cut_so_one_name_cannot_widen_every_row():
+    """One job named with 200,000 characters padded every row of `status` to 200,090
+    columns (a new-user tester): cells but the last column's are cut at CELL_WIDTH."""
+    from malleable.ops.output import CELL_WIDTH
+
+    out = table(["JOBID", "NAME", "REASON"], [("1", "L" * 200_000, "R" * 300),
+                                              ("2", "bert", "ok")])
+    lines = out.splitlines()
+    assert lines[1] == "1      " + "L" * (CELL_WIDTH - 1) + "…  " + "R" * 300
+    assert lines[2] == "2      bert" + " " * (CELL_WIDTH - 4) + "  ok"

@@ -485,3 +485,24 @@ def test_an_unmatched_quote_in_a_directive_is_refused(tmp_path):
     assert r.exit_code == 2
     assert f"script {script}: line 2: #SBATCH --comment=\"malleable:gpus=1-4: unmatched \" " \
         "quote, which sbatch refuses" in r.output
+
+
+def test_dry_run_and_errors_show_a_scripts_control_characters_as_escapes(tmp_path):
+    """An admin dry-running a user's script: the comment's escape sequence and bidi
+    override reached the terminal raw, in the printed sbatch command and in errors (a
+    new-user tester; click strips ANSI only when writing to a pipe, which hid it)."""
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f'[progress]\nspool_dir = "{tmp_path}"\n')
+    script = tmp_path / "job.sh"
+    script.write_text('#!/bin/bash\n#SBATCH --comment="night\x1b[2J\u202e malleable:gpus=1-4"\n'
+                      "echo hi\n")
+    run = CliRunner().invoke(main, ["submit", "--config", str(cfg), "--dry-run",
+                                    "--gpus-per-node", "4", str(script)], color=True)
+    assert run.exit_code == 0, run.output
+    assert "night\\x1b[2J\\u202e" in run.output
+    assert "\x1b" not in run.output and "\u202e" not in run.output
+    script.write_text("#!/bin/bash\n#SBATCH --comment=a\x1b[2J b\necho hi\n")
+    bad = CliRunner().invoke(main, ["submit", "--config", str(cfg), "--dry-run",
+                                    "--gpus-per-node", "4", str(script)], color=True)
+    assert bad.exit_code == 2, bad.output
+    assert "\\x1b[2J" in bad.output and "\x1b" not in bad.output
