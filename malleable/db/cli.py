@@ -224,14 +224,12 @@ def current(engine: Engine) -> None:
     """Print the database's schema revision and this malleable's newest one (read-only:
     works on a file you may only read, and changes nothing)."""
     st = schema.schema_status(engine)
+    if st.foreign or (st.current is not None and not st.known):
+        schema.check_schema(engine)  # raises NotMalleableDatabase or SchemaTooNew (exit 2)
     if st.current is None:
-        state = ("empty: run `malleable db upgrade`" if st.empty
-                 else "no malleable schema version (not a malleable database?)")
-        click.echo(f"{st.where}: {state} (head {st.head})")
+        click.echo(f"{st.where}: empty: run `malleable db upgrade` (head {st.head})")
     elif st.up_to_date:
         click.echo(f"{st.where}: {st.current} (head)")
-    elif not st.known:
-        schema.check_schema(engine)  # raises SchemaTooNew naming the revision found
     else:
         click.echo(f"{st.where}: {st.current} (older than head {st.head}: "
                    f"run `malleable db upgrade`)")

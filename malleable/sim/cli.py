@@ -396,6 +396,25 @@ def _waiting_note(s: dict, groups: int = 3) -> str | None:
             + (f"; {more} more group(s) in summary.json (unfinished_jobs)" if more > 0 else ""))
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object of ``--policy-params`` names a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """`json.loads`'s ``object_pairs_hook``: the object as a dict, refusing a key given
+    twice (JSON itself keeps the last, silently).
+
+    Raises:
+        _DuplicateKey: naming the key.
+    """
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} given twice")
+        out[key] = value
+    return out
+
+
 def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
     """``NAME=JSON`` options as {policy: params}; each checked by building the policy."""
     import json
@@ -415,7 +434,9 @@ def _params(values: tuple[str, ...], policies: list[str]) -> dict[str, dict]:
             raise _fail(f"--policy-params {v[:80]!r}: parameters of {name!r} given twice (give "
                         f"them in one JSON object)")
         try:
-            params = json.loads(text)
+            params = json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise _fail(f"--policy-params {v[:80]!r}: {exc}") from None
         except ValueError as exc:
             raise _fail(f"--policy-params {v[:80]!r}: not JSON ({exc})") from None
         except RecursionError:

@@ -770,6 +770,8 @@ def write_slurm_array(workloads: Sequence[str], policies: Sequence[str], seeds: 
         return " ".join(q(str(v)) for v in values)
 
     common = " ".join(q(a) for a in common_args)
+    # In --output Slurm replaces %j, %A, ... ("%%" is a "%"): a "%" of the folder stays one.
+    slurm_path = str(out).replace("%", "%%")
     array = out / "simulate-array.sbatch"
     array.write_text(f"""#!/bin/bash
 # One simulated run per array task: {len(workloads)} workload(s) x {len(policies)} policy(ies)
@@ -778,7 +780,7 @@ def write_slurm_array(workloads: Sequence[str], policies: Sequence[str], seeds: 
 #SBATCH --array=0-{n - 1}
 #SBATCH --ntasks=1
 #SBATCH --cpus-per-task=1
-#SBATCH --output={q(str(out))}/slurm-%A_%a.out
+#SBATCH --output={q(slurm_path)}/slurm-%A_%a.out
 set -euo pipefail
 WORKLOADS=({arr(workloads)})
 POLICIES=({arr(policies)})
@@ -795,7 +797,7 @@ exec {q(py)} -m malleable simulate --workload-path "${{WORKLOADS[$w]}}" --policy
 # Builds comparison.json and the JCT CDF plots once every array task has finished.
 #SBATCH --job-name=malleable-compare
 #SBATCH --ntasks=1
-#SBATCH --output={q(str(out))}/slurm-compare-%j.out
+#SBATCH --output={q(slurm_path)}/slurm-compare-%j.out
 set -euo pipefail
 exec {q(py)} -m malleable simulate --compare-only --out {q(str(out))}
 """, encoding="utf-8")

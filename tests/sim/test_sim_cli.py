@@ -268,6 +268,9 @@ def test_default_workers_one_per_usable_core_at_most_one_per_run(monkeypatch):
     (["--policy", "las", "--policy-params", 'las={"starve_s": 60}', "--policy-params",
       'las={"continuous": true}'], "parameters of 'las' given twice (give them in one JSON "
                                     "object)"),
+    # (JSON keeps the last of two equal keys silently: a new-user tester)
+    (["--policy", "las", "--policy-params", 'las={"starve_s": 1, "starve_s": 2}'],
+     """--policy-params 'las={"starve_s": 1, "starve_s": 2}': key 'starve_s' given twice"""),
     (["--policy", "pollux", "--compare-only"],
      "--compare-only rebuilds the comparison of the runs already in --out; it runs nothing, "
      "so --workload, --policy would be ignored"),
@@ -844,3 +847,16 @@ def test_gavel_seed_the_file_lacks_and_the_unused_total_steps_are_said(tmp_path)
     assert [r["model"] for r in rows] == ["cifar10", "cifar10"]
     # Same model, GPUs and batch, 900 times the steps: the same training, alone on 1 GPU.
     assert float(rows[0]["jct_s"]) == pytest.approx(float(rows[1]["jct_s"]), rel=1e-6)
+
+
+def test_slurm_array_keeps_a_percent_in_the_output_folder(tmp_path):
+    """Slurm replaces %j, %A, ... in --output: a folder named "pct%j" got the job id in
+    the log's path, a folder that does not exist (a new-user tester). "%%" is one "%"."""
+    from malleable.sim.sweep import write_slurm_array
+
+    out = tmp_path / "pct%j"
+    array, compare = write_slurm_array(["/w/a.csv"], ["las"], [0], [], out)
+    assert f"#SBATCH --output={tmp_path}/pct%%j/slurm-%A_%a.out\n" in array.read_text()
+    assert f"#SBATCH --output={tmp_path}/pct%%j/slurm-compare-%j.out\n" in compare.read_text()
+    # the commands themselves take the folder as it is
+    assert f" --out {tmp_path}/pct%j" in array.read_text()
