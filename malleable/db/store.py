@@ -969,14 +969,32 @@ def corrupt_setting(session: Session, keys: Collection[str]) -> tuple[str, str] 
     """
     if session.get_bind().dialect.name != "sqlite":
         return None
+    _, bad = _decode_settings(session, keys)
+    return next(iter(bad.items()), None)
+
+
+def _decode_settings(session: Session, keys: Collection[str]
+                     ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Settings ``keys`` read as stored and decoded one by one (SQLite; on another
+    database the driver has decoded them already).
+
+    Returns:
+        (key -> value for the rows that decode, SQL NULL as None; key -> stored text
+        for those that do not, not text (an INTEGER, a BLOB) as its repr), each in key
+        order.
+    """
+    decode = session.get_bind().dialect.name == "sqlite"
+    good: dict[str, Any] = {}
+    bad: dict[str, str] = {}
     for key, raw in sorted(run_core(session, _RAW_SETTINGS, {"keys": list(keys)}).all()):
-        if raw is None:   # SQL NULL: read as None, as `get_setting` reads it
+        if raw is None or not decode:   # (SQL NULL: None, as `get_setting` reads it)
+            good[key] = raw
             continue
         try:
-            json.loads(raw)
-        except (TypeError, ValueError):   # not text (an INTEGER, a BLOB), or not JSON
-            return key, raw if isinstance(raw, str) else repr(raw)
-    return None
+            good[key] = json.loads(raw)
+        except (TypeError, ValueError):   # not text, or not JSON
+            bad[key] = raw if isinstance(raw, str) else repr(raw)
+    return good, bad
 
 
 def get_setting(session: Session, key: str, default: Any = None) -> Any:
@@ -1059,7 +1077,7 @@ def operator_settings(session: Session) -> tuple[bool, tuple[str, dict[str, Any]
     """
     try:
         got = dict(run_core(session, _OPERATOR_SETTINGS).all())
-    except ValueError:   # (the JSON type's decoder, on a row that is not JSON)
+    except (TypeError, ValueError):   # (the JSON type's decoder: `corrupt_setting`)
         got = _readable_settings(session, (PAUSED_KEY, POLICY_NAME_KEY, POLICY_PARAMS_KEY))
     params = got.get(POLICY_PARAMS_KEY) or {}
     if not isinstance(params, Mapping):
@@ -1075,14 +1093,8 @@ def _readable_settings(session: Session, keys: Sequence[str]) -> dict[str, Any]:
     """The values of settings ``keys``, each decoded on its own (`operator_settings`):
     a pause that is not JSON reads as True, a policy row that is not JSON drops the
     operator's policy (name and params); each is logged as an error."""
-    out: dict[str, Any] = {}
-    bad: dict[str, Any] = {}
-    for key, raw in run_core(session, _RAW_SETTINGS, {"keys": list(keys)}).all():
-        try:
-            out[key] = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
-        except ValueError:
-            bad[key] = raw
-    for key, raw in sorted(bad.items()):
+    out, bad = _decode_settings(session, keys)
+    for key, raw in bad.items():
         paused = key == PAUSED_KEY
         _log.error("settings row %r holds %r, which is not valid JSON: %s; %s", key, raw,
                    "taken as paused (no action is started)" if paused
