@@ -130,7 +130,8 @@ def check_database_url(key: str, value: str) -> str:
 
     Accepted: an SQLAlchemy URL whose backend is one of `SUPPORTED_DATABASE_BACKENDS`;
     for SQLite, the database file as an absolute path (``sqlite:////ABS/PATH``, four
-    slashes, no query parameters) or in memory (``sqlite://``); never a NUL byte. A
+    slashes, no query parameters, no host, user or port: ``sqlite://rel.db`` names host
+    ``rel.db`` and a database in memory) or in memory (``sqlite://``); never a NUL byte. A
     password never appears in the message.
 
     Raises:
@@ -163,6 +164,14 @@ def check_database_url(key: str, value: str) -> str:
         raise ConfigError(f"{key} = {shown!r}: query parameters (?{given}) are not supported "
                           f"in an SQLite URL (malleable sets the connection's options itself): "
                           f"expected sqlite:////ABS/PATH.db")
+    if backend == "sqlite" and (u.host or u.username or u.port is not None):
+        # sqlite://relative.db parses as host "relative.db" and no database: in memory.
+        part = (f"host {u.host!r}" if u.host else f"user {u.username!r}" if u.username
+                else f"port {u.port}")
+        memory = " (so no file: a database in memory, lost at exit)" if not u.database else ""
+        raise ConfigError(f"{key} = {shown!r}: an SQLite URL has no host, user or port, and "
+                          f"this one has {part}{memory}: expected sqlite:////ABS/PATH.db "
+                          f"(four slashes), or sqlite:// for a database in memory on purpose")
     db = u.database or ""
     target = db[len("file:"):] if db.startswith("file:") else db
     in_memory = target in ("", ":memory:") or u.query.get("mode") == "memory"

@@ -98,8 +98,9 @@ _FINISHED_EVENT = (select(JobEvent.job_id).where(JobEvent.job_id.in_(bindparam(
 
 def _to_ingest(which):
     """The malleable jobs ``which`` selects, with their progress_files rows (one
-    statement; three columns as table rows: no ORM entity, nor its JSON spec, per job)."""
-    return store.with_progress_files(select(Job.id, Job.slurm_job_id, Job.uid).where(
+    statement; four columns as table rows: no ORM entity, nor its JSON spec, per job)."""
+    return store.with_progress_files(select(
+        Job.id, Job.slurm_job_id, Job.uid, Job.restart_count).where(
         Job.malleable.is_(True), which)).order_by(Job.id)
 
 

@@ -57,6 +57,13 @@ from malleable.progress.spool import SpoolDir, process_read
 
 EVENT_KINDS = ("started", "checkpointed", "finished")
 
+RESTART_SLACK = 1
+"""A line may carry a restart count this much above Slurm's as last polled: a job
+requeued and started again between the daemon's poll and its read of the file. A
+line above that (a job that writes a wrong count, e.g. its own attempt counter) is
+rejected; accepted, it would have made every later line of the job's real run
+``stale_restart``."""
+
 
 @dataclass(frozen=True)
 class IngestJob:
@@ -66,17 +73,24 @@ class IngestJob:
         db_id: its ``jobs.id``.
         slurm_job_id: its Slurm id ("123", "123_4"): names the file.
         uid: its user's uid; the file must be owned by it (None: never read).
+        max_restart: the highest ``restart`` its lines may carry (`RESTART_SLACK` more
+            than Slurm's restart count as last polled); a line above it is rejected as
+            ``future_restart``. None: no bound.
     """
 
     db_id: int
     slurm_job_id: str
     uid: int | None
+    max_restart: int | None = None
 
     @classmethod
     def of(cls, job: object) -> IngestJob:
         """From a `malleable.db.models.Job` row (anything with ``id``, ``slurm_job_id``,
-        ``uid``), e.g. ``[IngestJob.of(j) for j in store.active_jobs(s, malleable=True)]``."""
-        return cls(job.id, job.slurm_job_id, job.uid)  # type: ignore[attr-defined]
+        ``uid`` and, for the bound on ``restart``, ``restart_count``), e.g.
+        ``[IngestJob.of(j) for j in store.active_jobs(s, malleable=True)]``."""
+        count = getattr(job, "restart_count", None)
+        return cls(job.id, job.slurm_job_id, job.uid,  # type: ignore[attr-defined]
+                   None if count is None else int(count) + RESTART_SLACK)
 
 
 @dataclass
@@ -266,7 +280,8 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
             if not read.data and pf is not None and not read.reset:
                 continue
             validator = LineValidator(job.slurm_job_id, cursors.get(job.db_id),
-                                      max_future_s=max_future_s)
+                                      max_future_s=max_future_s,
+                                      max_restart=job.max_restart)
             result = process_read(read, validator, now_s)
             cursors.set(job.db_id, validator.last)
             samples.extend(store.SampleIn(

@@ -40,6 +40,7 @@ class Reason(enum.StrEnum):
     DECREASING_STEP = "decreasing_step"      # step went back within one run
     DECREASING_SAMPLES = "decreasing_samples"  # samples went back within one run
     STALE_RESTART = "stale_restart"          # restart count lower than one already seen
+    FUTURE_RESTART = "future_restart"        # restart count above Slurm's for the job, plus one
     DECREASING_TIME = "decreasing_time"      # "t" went back within one run
     FUTURE_TIME = "future_time"              # "t" too far ahead of the daemon's clock
     WRONG_JOB = "wrong_job"                  # "job" is not the job whose file this is
@@ -218,20 +219,35 @@ def _check_fields(doc: dict, *, now: float, max_future_s: float,
 
 
 def check_order(record: ProgressRecord, last: Cursor | None, *,
-                check_time: bool = True) -> Rejection | None:
+                check_time: bool = True, max_restart: int | None = None) -> Rejection | None:
     """Is ``record`` in order after the job's last accepted record?
 
-    Rules: a lower restart count than ``last`` is STALE_RESTART; a higher one
-    starts a new run (any step and time); a ``started`` event may go back in
-    step (reloaded from an older checkpoint), otherwise step and samples must
-    not decrease (DECREASING_STEP, DECREASING_SAMPLES); and within a run ``t``
-    must not decrease (DECREASING_TIME, checked last, and not if ``check_time``
-    is False: a line stamped before the last one would put the run's
-    throughput intervals out of order).
+    Rules: a restart count above ``max_restart`` is FUTURE_RESTART (checked
+    first: such a line, once accepted, would make every later line of the job's
+    real run STALE_RESTART); a lower restart count than ``last`` is
+    STALE_RESTART; a higher one starts a new run (any step and time); a
+    ``started`` event may go back in step (reloaded from an older checkpoint),
+    otherwise step and samples must not decrease (DECREASING_STEP,
+    DECREASING_SAMPLES); and within a run ``t`` must not decrease
+    (DECREASING_TIME, checked last, and not if ``check_time`` is False: a line
+    stamped before the last one would put the run's throughput intervals out of
+    order).
+
+    Args:
+        record: the line to check.
+        last: the job's cursor after its last accepted line (None before any).
+        check_time: see DECREASING_TIME above.
+        max_restart: the highest restart count the job can have written (the
+            daemon: Slurm's count as last polled, plus one; `IngestJob`), None:
+            no bound.
 
     Returns:
         None if in order, else the `Rejection`.
     """
+    if max_restart is not None and record.restart > max_restart:
+        return Rejection(Reason.FUTURE_RESTART,
+                         f"restart={record.restart} > {max_restart}, "
+                         "one more than Slurm's restart count for the job")
     if last is None or record.restart > last.restart:
         return None
     if record.restart < last.restart:
@@ -254,21 +270,25 @@ class LineValidator:
     Attributes:
         job_id: the job whose lines these are.
         last: the cursor after the last accepted line (None before any).
+        max_future_s, check_time, max_restart: as `parse_line` and `check_order`.
     """
 
     def __init__(self, job_id: str | None, last: Cursor | None = None, *,
-                 max_future_s: float = 300.0, check_time: bool = True):
+                 max_future_s: float = 300.0, check_time: bool = True,
+                 max_restart: int | None = None):
         self.job_id = job_id
         self.last = last
         self.max_future_s = max_future_s
         self.check_time = check_time
+        self.max_restart = max_restart
 
     def feed(self, line: bytes, now: float) -> ProgressRecord | Rejection:
         """Validate the next line; on acceptance advance `last`. Never raises."""
         result = parse_line(line, now=now, max_future_s=self.max_future_s, job_id=self.job_id)
         if isinstance(result, Rejection):
             return result
-        rejected = check_order(result, self.last, check_time=self.check_time)
+        rejected = check_order(result, self.last, check_time=self.check_time,
+                               max_restart=self.max_restart)
         if rejected is not None:
             return rejected
         self.last = Cursor(result.restart, result.step, result.samples, result.t)

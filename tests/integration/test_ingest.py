@@ -231,6 +231,33 @@ def test_ordering_survives_a_daemon_restart(Session, spool):
     assert samples_of(Session, job) == [1, 60, 61]
 
 
+def test_a_line_with_a_restart_count_above_slurms_does_not_freeze_the_job(Session, spool):
+    """Slurm's restart count bounds a line's ``restart`` (plus one, `RESTART_SLACK`): a
+    bogus 999 is counted as future_restart and the job's real lines still land, also
+    after a daemon restart (fresh cursors)."""
+    add_jobs(Session, "95")
+    path = spool.file_path("95")
+    with open(path, "wb") as fh:
+        fh.write(line("95", 1) + line("95", 2, restart=999) + line("95", 3)
+                 + line("95", 4, "started", restart=1) + line("95", 5, restart=1))
+    with Session() as s, s.begin():
+        (job,) = [IngestJob.of(j) for j in store.active_jobs(s)]
+    assert job.max_restart == 1   # Slurm's count 0, plus one
+    report = run(Session, [job], spool)
+    assert dict(report.rejected) == {"future_restart": 1}
+    assert samples_of(Session, job) == [1, 3, 5]
+    with open(path, "ab") as fh:
+        fh.write(line("95", 6, restart=2) + line("95", 7, restart=1))
+    report = run(Session, [job], spool, cursors=Cursors())
+    assert dict(report.rejected) == {"future_restart": 1}
+    assert samples_of(Session, job) == [1, 3, 5, 7]
+    unbounded = IngestJob(job.db_id, "95", UID)   # no bound: the old behaviour
+    with open(path, "ab") as fh:
+        fh.write(line("95", 8, restart=5) + line("95", 9, restart=1))
+    report = run(Session, [unbounded], spool)
+    assert dict(report.rejected) == {"stale_restart": 1}
+
+
 def test_jobs_straight_from_the_store(Session, spool):
     add_jobs(Session, "90")
     with open(spool.file_path("90"), "wb") as fh:

@@ -268,6 +268,12 @@ def test_upgrade_to_base_is_older_and_points_to_downgrade(engine):
     ("notaurl", "expected an SQLAlchemy URL"),
     ("", "expected an SQLAlchemy URL"),
     ("sqlite:///rel.db", "expected the SQLite file as an absolute path"),
+    # (two slashes: 'rel.db' parsed as a host, and the database was in memory, shown as
+    # ':memory:' and lost at exit)
+    ("sqlite://rel.db", "an SQLite URL has no host, user or port, and this one has host "
+     "'rel.db' (so no file: a database in memory, lost at exit)"),
+    ("sqlite://alice@/rel.db", "an SQLite URL has no host, user or port, and this one has "
+     "user 'alice': expected sqlite:////ABS/PATH.db"),
     # (mode=ro without uri=true made a file named 'c.db?mode=ro', mode 0644; timeout=abc
     # was a traceback)
     ("sqlite:////tmp/x/c.db?mode=ro&uri=true", "query parameters (?mode=ro&uri=true) are "

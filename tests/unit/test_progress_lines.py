@@ -124,6 +124,23 @@ def test_order_rules():
     assert check_order(rec(step=0, samples=0), None) is None
 
 
+def test_a_restart_count_above_slurms_is_refused_and_keeps_the_run_open():
+    """A job that writes its own attempt counter as ``restart`` (999) used to open a run
+    no real line could follow: every later line of the true run was stale_restart."""
+    last = Cursor(restart=1, step=10, samples=100)
+    got = check_order(rec(restart=999, step=11), last, max_restart=2)
+    assert got.reason == Reason.FUTURE_RESTART and "restart=999 > 2" in got.detail
+    assert check_order(rec(restart=2, step=5, samples=50), last, max_restart=2) is None
+    assert check_order(rec(restart=999, step=11), None, max_restart=0).reason == \
+        Reason.FUTURE_RESTART
+    assert check_order(rec(restart=999, step=11), last) is None   # no bound given
+    v = LineValidator("12", max_restart=1)
+    assert v.feed(with_(step=10, restart=7), NOW).reason == Reason.FUTURE_RESTART
+    assert v.last is None
+    assert isinstance(v.feed(with_(step=11), NOW), ProgressRecord)
+    assert v.last.restart == 0 and v.last.step == 11
+
+
 def test_validator_keeps_the_cursor_of_accepted_lines_only():
     v = LineValidator("12")
     assert isinstance(v.feed(with_(step=10), NOW), ProgressRecord)
