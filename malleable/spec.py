@@ -126,7 +126,7 @@ class MalleableSpec:
             ``metric_goal`` says whether larger ("max") or smaller ("min") is better.
         batch_size: the initial global batch size m0 (None: taken from progress).
         max_batch_size: the largest global batch the job accepts (None: batch_size,
-            i.e. no batch-size adaptation, unless the policy is told otherwise).
+            i.e. no batch-size adaptation).
         max_local_batch_size: the largest per-GPU batch (memory limit; None: no limit).
         model: an optional model name (e.g. "cifar10") for throughput priors and
             the emulator's profile.
@@ -293,6 +293,28 @@ def _validate(s: MalleableSpec) -> None:
             and s.max_batch_size < s.batch_size:
         raise _err("max_batch_size", s.max_batch_size,
                    f"smaller than batch={s.batch_size}")
+    _check_some_size_fits(s)
+
+
+def _check_some_size_fits(s: MalleableSpec) -> None:
+    """Refuse batch limits that no GPU count of the range can run with (such a job would be
+    held for ever): a size k needs ``k <= largest global batch`` (one sample per GPU) and
+    ``k * max_local_batch >= batch`` (the initial batch fits in memory), the rule of
+    `malleable.estimators.efficiency.optimal_batch`'s candidates."""
+    top_attr = "max_batch_size" if s.max_batch_size is not None else "batch_size"
+    top = getattr(s, top_attr)
+    need = 1
+    if s.batch_size is not None and s.max_local_batch_size is not None:
+        need = -(-s.batch_size // s.max_local_batch_size)
+    k = s.min_gpus + s.step * max(0, -(-(need - s.min_gpus) // s.step))   # first size >= need
+    sizes = f"gpus={s.min_gpus}-{s.max_gpus}" + (f" step={s.step}" if s.step > 1 else "")
+    if k > s.max_gpus:
+        raise _err("max_local_batch_size", s.max_local_batch_size,
+                   f"batch={s.batch_size} needs at least {need} GPUs at this per-GPU limit, "
+                   f"more than {sizes} allows")
+    if top is not None and k > top:
+        raise _err(top_attr, top, f"a global batch of at most {top} cannot give each of "
+                   f"{k} GPUs a sample, and {k} is the smallest usable size of {sizes}")
 
 
 # --- parsing ------------------------------------------------------------------------------

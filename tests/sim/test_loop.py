@@ -88,16 +88,17 @@ def test_a_request_rounded_up_past_its_batch_runs_instead_of_being_held():
 
 
 def test_jobs_that_cannot_run_are_named_with_the_daemons_reason(caplog):
-    # A job whose spec no size can serve (2 GPUs, batch at most 1: the trace loaders and
-    # the job setup refuse it, a replay recipe could still say it) is held by the daemon
-    # until the end of the run; the run says which job and why, as it does for a job
-    # that arrives after the end.
+    # A job whose spec no size of this cluster can serve (16 GPUs on 8: the trace loaders
+    # and the job setup refuse it, a replay recipe could still say it) is held by the
+    # daemon until the end of the run; the run says which job and why, as it does for a
+    # job that arrives after the end.
     jobs = [TraceJob("cifar10-0", 0.0, 2, model="cifar10", batch_size=2),
             TraceJob("ncf-1", 10.0, 1, model="ncf", batch_size=32768),
             TraceJob("ncf-late", 99999.0, 1, model="ncf", batch_size=32768)]
     prepared = prepare_jobs(jobs, setup_for("static"), gpus_per_node=4, total_gpus=8, seed=0)
-    spec = dataclasses.replace(parse_spec(prepared[0].comment), batch_size=1, max_batch_size=1)
-    prepared[0] = dataclasses.replace(prepared[0], comment=format_spec(spec), batch=1)
+    spec = dataclasses.replace(parse_spec(prepared[0].comment), min_gpus=16, max_gpus=16,
+                               batch_size=16, max_batch_size=16)
+    prepared[0] = dataclasses.replace(prepared[0], comment=format_spec(spec), batch=16)
     opts = SimOptions(nodes=2, gpus_per_node=4, max_time_s=3600.0)
     with caplog.at_level(logging.WARNING, logger="malleable.sim.loop"):
         r = run_prepared(prepared, config("static"), opts)
@@ -106,7 +107,7 @@ def test_jobs_that_cannot_run_are_named_with_the_daemons_reason(caplog):
     assert (held.name, held.state, late) == (
         "cifar10-0", "held",
         UnfinishedJob("ncf-late", "", "not submitted", "arrives after the end of the run"))
-    assert held.reason.startswith("no feasible size fits: min 2 GPUs"), held.reason
+    assert held.reason.startswith("no feasible size fits: min 16 GPUs"), held.reason
     assert r.summary["unfinished_jobs"] == [
         {"state": "held", "reason": held.reason, "jobs": 1, "names": ["cifar10-0"]},
         {"state": "not submitted", "reason": "arrives after the end of the run", "jobs": 1,

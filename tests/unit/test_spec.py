@@ -89,6 +89,11 @@ def test_no_spec_is_none(comment):
     ("malleable:gpus=2-4,target_metric=inf", "target_metric", "inf"),
     ("malleable:gpus=2-4,metric_goal=up", "metric_goal", "up"),
     ("malleable:gpus=2-4,batch=512,max_batch=256", "max_batch", 256),
+    # Batch limits that no size of the range can run with: the job would be held for ever.
+    ("malleable:gpus=2-2,max_batch=1", "max_batch", 1),
+    ("malleable:gpus=2-4,batch=1", "batch", 1),
+    ("malleable:gpus=1-4,batch=64,max_local_batch=8", "max_local_batch", 8),
+    ("malleable:gpus=2-8,step=3,batch=4,max_local_batch=1,max_batch=4", "max_batch", 4),
     ("malleable:gpus=2-4,model=a/b", "model", "a/b"),
     ("malleable:gpus=2-4,colour=red", "colour", "red"),
     ("malleable:gpus=2-4,step=2,step=4", "step", "4"),
@@ -122,6 +127,23 @@ def test_constructor_validates_with_the_same_messages():
     assert info.value.field == "grace"
     with pytest.raises(SpecError):
         MalleableSpec(min_gpus=1, max_gpus=2, step=True)
+
+
+def test_batch_limits_are_refused_only_when_no_size_of_the_range_fits():
+    """A size k needs k <= the largest global batch and k * max_local_batch >= batch."""
+    ok = ["malleable:gpus=1-8,batch=64,max_local_batch=8",           # k = 8
+          "malleable:gpus=2-8,step=3,batch=4,max_local_batch=1,max_batch=5",   # k = 5
+          "malleable:gpus=1-4,batch=1", "malleable:gpus=4-8,max_batch=4",
+          "malleable:gpus=2-2,max_local_batch=1"]                    # batch from progress
+    for text in ok:
+        assert parse_spec(text) is not None, text
+    with pytest.raises(SpecError, match=r"malleable spec: max_batch=4: a global batch of at "
+                                        r"most 4 cannot give each of 5 GPUs a sample, and 5 is "
+                                        r"the smallest usable size of gpus=2-8 step=3"):
+        parse_spec("malleable:gpus=2-8,step=3,batch=4,max_local_batch=1,max_batch=4")
+    with pytest.raises(SpecError, match=r"max_local_batch=8: batch=64 needs at least 8 GPUs "
+                                        r"at this per-GPU limit, more than gpus=1-4 allows"):
+        MalleableSpec(min_gpus=1, max_gpus=4, batch_size=64, max_local_batch_size=8)
 
 
 def test_allowed_gpus_match_feasibility_rule():
@@ -158,8 +180,11 @@ seconds = st.floats(min_value=0, max_value=7 * 86400, allow_nan=False, allow_inf
 def specs(draw) -> MalleableSpec:
     lo = draw(st.integers(1, 4096))
     hi = draw(st.integers(lo, 8192))
-    batch = draw(opt_ints)
-    max_batch = draw(st.none() | st.integers(batch or 1, 2**63 - 1))
+    # Batch limits with which some size fits (`_check_some_size_fits`): batch >= lo, and a
+    # per-GPU limit that holds the batch on lo GPUs.
+    batch = draw(st.none() | st.integers(lo, 2**63 - 1))
+    max_batch = draw(st.none() | st.integers(batch or lo, 2**63 - 1))
+    max_local = draw(st.none() | st.integers(-(-(batch or 1) // lo), 2**63 - 1))
     return MalleableSpec(
         min_gpus=lo, max_gpus=hi, step=draw(st.integers(1, 64)),
         signal=draw(st.sampled_from(SIGNALS)),
@@ -169,7 +194,7 @@ def specs(draw) -> MalleableSpec:
         samples_per_epoch=draw(opt_ints),
         target_metric=draw(st.none() | st.floats(allow_nan=False, allow_infinity=False)),
         metric_goal=draw(st.sampled_from(["max", "min"])), batch_size=batch,
-        max_batch_size=max_batch, max_local_batch_size=draw(opt_ints),
+        max_batch_size=max_batch, max_local_batch_size=max_local,
         model=draw(st.none() | st.text(string.ascii_letters + string.digits + "_.-",
                                       min_size=1, max_size=64)),
         restart_cost_s=draw(st.none() | seconds))
