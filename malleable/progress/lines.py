@@ -225,7 +225,10 @@ def check_order(record: ProgressRecord, last: Cursor | None, *,
     Rules: a restart count above ``max_restart`` is FUTURE_RESTART (checked
     first: such a line, once accepted, would make every later line of the job's
     real run STALE_RESTART); a lower restart count than ``last`` is
-    STALE_RESTART; a higher one starts a new run (any step and time); a
+    STALE_RESTART, unless ``last`` itself is above ``max_restart`` (a cursor
+    restored from a line stored before this bound existed: the line starts a
+    new run, so a job such a line froze resumes); a higher one starts a new
+    run (any step and time); a
     ``started`` event may go back in step (reloaded from an older checkpoint),
     otherwise step and samples must not decrease (DECREASING_STEP,
     DECREASING_SAMPLES); and within a run ``t`` must not decrease
@@ -249,6 +252,10 @@ def check_order(record: ProgressRecord, last: Cursor | None, *,
                          f"restart={record.restart} > {max_restart}, "
                          "one more than Slurm's restart count for the job")
     if last is None or record.restart > last.restart:
+        return None
+    if max_restart is not None and last.restart > max_restart:
+        # The cursor is one no real run can have (accepted before FUTURE_RESTART
+        # existed, kept in the database): a line within bounds starts a new run.
         return None
     if record.restart < last.restart:
         return Rejection(Reason.STALE_RESTART, f"restart={record.restart} < {last.restart}")

@@ -256,6 +256,13 @@ def test_a_line_with_a_restart_count_above_slurms_does_not_freeze_the_job(Sessio
         fh.write(line("95", 8, restart=5) + line("95", 9, restart=1))
     report = run(Session, [unbounded], spool)
     assert dict(report.rejected) == {"stale_restart": 1}
+    # The bogus restart=5 is now stored, as a malleable without the bound stored such
+    # lines: a new daemon's cursor comes back at 5, and the real run is not held to it.
+    with open(path, "ab") as fh:
+        fh.write(line("95", 10, restart=1) + line("95", 11, restart=1))
+    report = run(Session, [job], spool, cursors=Cursors())
+    assert not report.rejected
+    assert samples_of(Session, job) == [1, 3, 5, 7, 8, 10, 11]
 
 
 def test_jobs_straight_from_the_store(Session, spool):

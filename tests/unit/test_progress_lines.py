@@ -141,6 +141,22 @@ def test_a_restart_count_above_slurms_is_refused_and_keeps_the_run_open():
     assert v.last.restart == 0 and v.last.step == 11
 
 
+def test_a_cursor_above_the_bound_does_not_hold_the_job_back():
+    """A bogus restart (999) stored before future_restart existed comes back as the
+    cursor after a daemon restart; the job's real lines then start a new run instead
+    of being stale_restart for ever, and lines beyond the bound are still refused."""
+    bogus = Cursor(restart=999, step=11, samples=110, t=NOW)
+    assert check_order(rec(restart=1, step=3, samples=30, t=NOW - 60), bogus,
+                       max_restart=2) is None
+    assert check_order(rec(restart=1, step=3), bogus).reason == Reason.STALE_RESTART
+    assert check_order(rec(restart=3, step=3), bogus, max_restart=2).reason == \
+        Reason.FUTURE_RESTART
+    v = LineValidator("12", last=bogus, max_restart=1)
+    assert isinstance(v.feed(with_(step=2, samples=20), NOW), ProgressRecord)
+    assert v.last.restart == 0 and v.last.step == 2
+    assert v.feed(with_(step=1, samples=10), NOW).reason == Reason.DECREASING_STEP
+
+
 def test_validator_keeps_the_cursor_of_accepted_lines_only():
     v = LineValidator("12")
     assert isinstance(v.feed(with_(step=10), NOW), ProgressRecord)
