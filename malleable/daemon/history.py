@@ -25,6 +25,7 @@ from malleable.daemon.actions import Step
 from malleable.daemon.reconcile import ActionKind
 from malleable.db.models import Action, Job, JobEvent, ProgressSample
 from malleable.db.store import run_core
+from malleable.progress.ingest import RESTART_SLACK
 
 # Built once (building a statement costs more than running it); IN lists expand at run time.
 _IDS = bindparam("ids", expanding=True)
@@ -44,7 +45,11 @@ _NO_CHECKPOINT = (select(JobEvent.job_id, func.count(), func.max(JobEvent.time))
 # (thousands per day of training), a correlated one reads one entry of the
 # (job_id, restart) index (revision 0004). NULL restarts sort first, so a job whose
 # samples all lack one has samples but a NULL max: hence the separate EXISTS.
-_RUN_MAX = (select(func.max(ProgressSample.restart)).where(ProgressSample.job_id == Job.id)
+# A stored restart above Slurm's count plus one (kept from before ingestion refused
+# such lines as future_restart) is no run the job is in.
+_RUN_MAX = (select(func.max(ProgressSample.restart))
+            .where(ProgressSample.job_id == Job.id,
+                   ProgressSample.restart <= Job.restart_count + RESTART_SLACK)
             .correlate(Job).scalar_subquery())
 _HAS_SAMPLE = (select(ProgressSample.id).where(ProgressSample.job_id == Job.id)
                .correlate(Job).exists())
@@ -104,7 +109,10 @@ def reporting_runs(s: Session, job_ids: Iterable[int]) -> dict[int, int]:
     A job that has not logged progress in its current run is not ready to
     checkpoint: it may not even have installed its signal handler yet, so the
     daemon does not ask it to (``requeue_blocked``). Jobs that never logged
-    progress are absent.
+    progress are absent. Samples whose restart is above the job's stored Slurm
+    restart count plus `RESTART_SLACK` (stored before ingestion refused them as
+    ``future_restart``) count as no run: a job's own attempt counter logged as
+    999 no longer makes it ready in every run.
     """
     ids = list(job_ids)
     if not ids:

@@ -209,7 +209,8 @@ def test_daemon_reads_on_both_databases(engine):
 
     def job(i: str, state: JobState) -> SlurmJob:
         return SlurmJob(job_id=i, job_id_num=int(i), state=state, gpus=2, node_count=1,
-                        comment=spec, user="alice", uid=1000, partition="gpu")
+                        comment=spec, user="alice", uid=1000, partition="gpu",
+                        restart_count=2 if i == "1" else 0)   # job 1 logs in run 2
 
     u = [0.1, -5.0, 0.2, -1.0, 0.5, -2.0, 0.0]
     with Session() as s, s.begin():

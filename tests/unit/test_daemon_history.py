@@ -43,6 +43,23 @@ def test_reporting_runs_is_the_latest_run_with_progress(Session):
         assert reporting_runs(s, ids.values()) == {ids["1"]: 1, ids["2"]: 0}
 
 
+def test_a_restart_above_slurms_count_is_no_run(Session):
+    """A stored restart=999 (accepted before future_restart existed) made the job look
+    ready to checkpoint in every run; only runs up to Slurm's count plus one count."""
+    with Session() as s, s.begin():
+        (jid,) = store.upsert_jobs(s, [SlurmJob(job_id="4", job_id_num=4, restart_count=1,
+                                                state=JobState.RUNNING)], T0).ids.values()
+        store.add_progress_samples(s, [
+            store.SampleIn(jid, T0, 1, 10, 1, 10, restart=0),
+            store.SampleIn(jid, T0, 2, 20, 1, 10, restart=999)])
+    with Session() as s:
+        assert reporting_runs(s, [jid]) == {jid: 0}
+    with Session() as s, s.begin():
+        store.add_progress_samples(s, [store.SampleIn(jid, T0, 3, 30, 1, 10, restart=2)])
+    with Session() as s:
+        assert reporting_runs(s, [jid]) == {jid: 2}
+
+
 def test_backoff_doubles_per_missed_checkpoint(Session):
     with Session() as s, s.begin():
         jid = jobs(s, "7")["7"]
