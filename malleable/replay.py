@@ -107,9 +107,10 @@ def recipe(t: TraceJob, *, gpus_per_node: int, max_gpus: int, grace_s: float = 6
     k = legal_gpus(t.gpus, gpus_per_node, cap)
     batch = int(t.batch_size) if t.batch_size else int(p.default_batch(k))
     m0 = int(p.init_batch_size) if adaptive_batch else batch
-    # The per-GPU memory limit, unless m0 cannot fit under it on the largest size the
-    # job may have (then it accumulates gradients, as Pollux's jobs do).
-    local = int(p.max_local_bsz) if math.ceil(m0 / cap) <= p.max_local_bsz else None
+    # The per-GPU memory limit, unless m0 cannot fit under it on the size the job is
+    # submitted with (then it accumulates gradients, as Pollux's jobs do; declared, the
+    # limit would make that size one the job cannot start on).
+    local = int(p.max_local_bsz) if math.ceil(m0 / k) <= p.max_local_bsz else None
     spec = MalleableSpec(
         min_gpus=1, max_gpus=cap, signal=signal, grace_s=grace_s, shrink_inplace=False,
         batch_size=m0, max_batch_size=max(m0, int(p.max_batch_size)),

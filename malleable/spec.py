@@ -193,6 +193,21 @@ class MalleableSpec:
             rest = rest[:max(0, limit - 1)]
         return [self.min_gpus, *rest][:limit]
 
+    def gpus_for_batch(self) -> int:
+        """The fewest GPUs that hold the initial batch at the per-GPU limit:
+        ``ceil(batch_size / max_local_batch_size)``, 1 without both."""
+        if self.batch_size is None or self.max_local_batch_size is None:
+            return 1
+        return -(-self.batch_size // self.max_local_batch_size)
+
+    def smallest_usable_gpus(self) -> int:
+        """The smallest of `allowed_gpus` that holds the initial batch (`gpus_for_batch`);
+        it may exceed ``max_gpus`` (no size does: `parse_spec` refuses such a spec)."""
+        need = self.gpus_for_batch()
+        if need <= self.min_gpus:
+            return self.min_gpus
+        return -(-need // self.step) * self.step
+
     def allows(self, gpus: int) -> bool:
         """Whether the spec allows ``gpus`` (one of `allowed_gpus`, without listing them)."""
         return gpus == self.min_gpus or (self.min_gpus < gpus <= self.max_gpus
@@ -303,10 +318,8 @@ def _check_some_size_fits(s: MalleableSpec) -> None:
     `malleable.estimators.efficiency.optimal_batch`'s candidates."""
     top_attr = "max_batch_size" if s.max_batch_size is not None else "batch_size"
     top = getattr(s, top_attr)
-    need = 1
-    if s.batch_size is not None and s.max_local_batch_size is not None:
-        need = -(-s.batch_size // s.max_local_batch_size)
-    k = s.min_gpus + s.step * max(0, -(-(need - s.min_gpus) // s.step))   # first size >= need
+    need = s.gpus_for_batch()
+    k = s.smallest_usable_gpus()
     sizes = f"gpus={s.min_gpus}-{s.max_gpus}" + (f" step={s.step}" if s.step > 1 else "")
     if k > s.max_gpus:
         raise _err("max_local_batch_size", s.max_local_batch_size,

@@ -13,7 +13,8 @@ does what ``sbatch`` does, plus what the job contract needs (DESIGN.md section 5
 * ``--requeue`` and ``--open-mode=append`` (a requeue must neither be refused nor
   truncate the output);
 * the GPU request for the initial size (``--initial-gpus``, default the minimum
-  of the range): one node with k GPUs when k fits on a node, else k/g whole
+  of the range, or the smallest size that holds the initial batch at the per-GPU
+  limit when the minimum does not): one node with k GPUs when k fits on a node, else k/g whole
   nodes of g GPUs (g from the cluster);
 * the job's environment gets MALLEABLE_SIGNAL (the spec's signal),
   MALLEABLE_BATCH_SIZE (the spec's batch, if any) and MALLEABLE_SPOOL (the
@@ -506,11 +507,21 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
     Raises:
         SubmitError: the size is outside the spec or cannot be whole nodes.
     """
-    k = spec.min_gpus if gpus is None else gpus
+    g = max(1, gpus_per_node)
+    need = spec.smallest_usable_gpus()
+    k = _first_start_size(spec, need, g) if gpus is None else gpus
+    holds = (f"the smallest size that holds batch={spec.batch_size} at "
+             f"max_local_batch={spec.max_local_batch_size}")
     # Name the size as the user gave it, or say where it came from.
     what = (f"--initial-gpus={k}" if gpus is not None else
-            f"the initial size, {k} GPUs (the spec's minimum: no --initial-gpus given)")
-    g = max(1, gpus_per_node)
+            f"the initial size, {k} GPUs (the spec's minimum: no --initial-gpus given)"
+            if k == spec.min_gpus else
+            f"the initial size, {k} GPUs ({holds} on {g}-GPU nodes: no --initial-gpus "
+            "given)")
+    if gpus is not None and spec.allows(k) and k < need:
+        raise SubmitError(f"{what}: {k} GPUs cannot hold batch={spec.batch_size} at "
+                          f"max_local_batch={spec.max_local_batch_size} per GPU; {need} is "
+                          f"{holds}")
     if not spec.allows(k):
         # The sizes the job can start on: allowed by the spec and whole nodes above one.
         shown = [n for n in spec.allowed_gpus(limit=1000) if n <= g or n % g == 0][:13]
@@ -527,6 +538,18 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
     except InvalidArgument as exc:
         raise SubmitError(f"{what}: {k // g} nodes of {g} GPUs; {exc}") from None
     return k // g, g
+
+
+def _first_start_size(spec: MalleableSpec, need: int, g: int) -> int:
+    """The default initial size: the spec's minimum, or, when that cannot hold the
+    initial batch at the per-GPU limit, the smallest allowed size >= ``need`` that is
+    one node or whole nodes (``need`` itself when there is none: `initial_shape` then
+    says why it cannot start)."""
+    if need == spec.min_gpus or need <= g:
+        return need
+    lcm = spec.step * g // math.gcd(spec.step, g)
+    k = -(-need // lcm) * lcm
+    return k if k <= spec.max_gpus else need
 
 
 def largest_size(spec: MalleableSpec, gpus_per_node: int) -> int:
@@ -676,7 +699,8 @@ def _repeated_options(cmd: click.Command, words: list[str]) -> list[tuple[str, i
 @click.option("--restart-cost", metavar="SECONDS",
               help="Seconds a checkpoint-requeue costs the job (default: measured).")
 @click.option("--initial-gpus", type=click.IntRange(min=1), metavar="K",
-              help="GPUs to start on (default: the minimum of the range).")
+              help="GPUs to start on (default: the minimum of the range, or the smallest "
+                   "size that holds --batch at --max-local-batch per GPU).")
 @click.option("--config", "config_path", metavar="PATH",
               help="malleable.toml to use (default $MALLEABLE_CONFIG or "
                    "/etc/malleable/malleable.toml).")

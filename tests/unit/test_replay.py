@@ -11,6 +11,7 @@ from malleable.cli import main
 from malleable.replay import legal_gpus, recipe, select
 from malleable.sim.traces import TraceJob
 from malleable.spec import format_spec, parse_spec
+from malleable.submit import initial_shape
 
 WORKLOAD = "malleable/sim/data/pollux/workloads/workload-1.csv"
 
@@ -38,6 +39,13 @@ def test_recipe_uses_the_profile_and_the_trace():
     bert = recipe(TraceJob(name="bert-1", arrival_s=0.0, gpus=8, model="bert", batch_size=384),
                   gpus_per_node=4, max_gpus=16, adaptive_batch=False)
     assert bert.spec.batch_size == 384 and bert.spec.max_local_batch_size is None
+    # The limit is judged on the size submitted: 4096 on 2 GPUs is 2048 per GPU, over
+    # cifar10's 1024, so the job accumulates and can start on its 2 GPUs.
+    two = recipe(TraceJob(name="c-2", arrival_s=0.0, gpus=2, model="cifar10", batch_size=4096),
+                 gpus_per_node=4, max_gpus=16, adaptive_batch=False)
+    assert two.spec.max_local_batch_size is None
+    assert initial_shape(two.spec, two.initial_gpus, 4) == (1, 2)
+    assert f.spec.max_local_batch_size == 1024   # 2048 on 4 GPUs: 512 each
 
 
 def test_recipe_refuses_a_job_without_profile():

@@ -131,19 +131,45 @@ def test_constructor_validates_with_the_same_messages():
 
 def test_batch_limits_are_refused_only_when_no_size_of_the_range_fits():
     """A size k needs k <= the largest global batch and k * max_local_batch >= batch."""
+    # The sizes are min_gpus and the multiples of step above it (2-8 step=3: 2, 3, 6).
     ok = ["malleable:gpus=1-8,batch=64,max_local_batch=8",           # k = 8
-          "malleable:gpus=2-8,step=3,batch=4,max_local_batch=1,max_batch=5",   # k = 5
+          "malleable:gpus=2-8,step=3,batch=4,max_local_batch=1,max_batch=6",   # k = 6
+          "malleable:gpus=1-8,step=4,batch=16,max_local_batch=2",    # k = 8
+          "malleable:gpus=2-16,step=4,batch=256,max_local_batch=16",  # k = 16
+          "malleable:gpus=1-8,step=4,batch=4,max_local_batch=1",     # k = 4
           "malleable:gpus=1-4,batch=1", "malleable:gpus=4-8,max_batch=4",
           "malleable:gpus=2-2,max_local_batch=1"]                    # batch from progress
     for text in ok:
         assert parse_spec(text) is not None, text
-    with pytest.raises(SpecError, match=r"malleable spec: max_batch=4: a global batch of at "
-                                        r"most 4 cannot give each of 5 GPUs a sample, and 5 is "
+    with pytest.raises(SpecError, match=r"malleable spec: max_batch=5: a global batch of at "
+                                        r"most 5 cannot give each of 6 GPUs a sample, and 6 is "
                                         r"the smallest usable size of gpus=2-8 step=3"):
-        parse_spec("malleable:gpus=2-8,step=3,batch=4,max_local_batch=1,max_batch=4")
+        parse_spec("malleable:gpus=2-8,step=3,batch=4,max_local_batch=1,max_batch=5")
+    # 3-7 step=4 allows 3 and 4 GPUs, 6 and 8 samples at 2 per GPU: fewer than 10.
+    with pytest.raises(SpecError, match=r"max_local_batch=2: batch=10 needs at least 5 GPUs"):
+        parse_spec("malleable:gpus=3-7,step=4,batch=10,max_local_batch=2")
     with pytest.raises(SpecError, match=r"max_local_batch=8: batch=64 needs at least 8 GPUs "
                                         r"at this per-GPU limit, more than gpus=1-4 allows"):
         MalleableSpec(min_gpus=1, max_gpus=4, batch_size=64, max_local_batch_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 40), st.integers(1, 12), st.integers(1, 400),
+       st.integers(1, 64))
+def test_smallest_usable_size_is_the_first_allowed_size_that_holds_the_batch(
+        lo, extra, step, batch, local):
+    """Against a brute force over `allowed_gpus`: a size k holds the batch (k * local
+    >= batch) and gives each GPU a sample (k <= batch); a spec none fits is refused."""
+    sizes = MalleableSpec(min_gpus=lo, max_gpus=lo + extra, step=step).allowed_gpus()
+    holds = [k for k in sizes if k * local >= batch]
+    if holds and holds[0] <= batch:
+        spec = MalleableSpec(min_gpus=lo, max_gpus=lo + extra, step=step, batch_size=batch,
+                             max_local_batch_size=local)
+        assert spec.smallest_usable_gpus() == holds[0]
+    else:
+        with pytest.raises(SpecError):
+            MalleableSpec(min_gpus=lo, max_gpus=lo + extra, step=step, batch_size=batch,
+                          max_local_batch_size=local)
 
 
 def test_allowed_gpus_match_feasibility_rule():

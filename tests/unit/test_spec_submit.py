@@ -50,6 +50,29 @@ def test_a_comment_without_a_spec_is_kept_as_other_text():
     assert build_spec([None], "malleable:gpus=1-2", {}) == parse_spec("malleable:gpus=1-2")
 
 
+def test_the_default_initial_size_holds_the_initial_batch():
+    """Without --initial-gpus a job started on its minimum even when that could not hold
+    its batch at its per-GPU limit (gpus=1-8, batch=8, max_local_batch=1 asked for 1 GPU);
+    it starts on the smallest size that holds it, and an explicit smaller size is refused."""
+    assert initial_shape(parse_spec("malleable:gpus=1-8,batch=8,max_local_batch=1"),
+                         None, 4) == (2, 4)
+    assert initial_shape(parse_spec("malleable:gpus=1-8,batch=4,max_local_batch=1"),
+                         None, 4) == (1, 4)
+    assert initial_shape(parse_spec("malleable:gpus=1-12,step=3,batch=7,max_local_batch=1,max_batch=64"),
+                         None, 4) == (3, 4)
+    assert initial_shape(parse_spec("malleable:gpus=2-8,batch=8,max_local_batch=4"),
+                         None, 4) == (1, 2)
+    with pytest.raises(SubmitError, match=r"^the initial size, 9 GPUs \(the smallest size "
+                                          r"that holds batch=7 at max_local_batch=1 on 4-GPU "
+                                          r"nodes: no --initial-gpus given\): more than one "
+                                          r"node \(4 GPUs\) but not whole nodes"):
+        initial_shape(parse_spec("malleable:gpus=1-9,step=3,batch=7,max_local_batch=1,max_batch=64"),
+                      None, 4)
+    with pytest.raises(SubmitError, match=r"^--initial-gpus=2: 2 GPUs cannot hold batch=8 at "
+                                          r"max_local_batch=1 per GPU; 8 is the smallest size"):
+        initial_shape(parse_spec("malleable:gpus=1-8,batch=8,max_local_batch=1"), 2, 4)
+
+
 def test_initial_shape_whole_nodes_above_one_node():
     spec = parse_spec("malleable:gpus=2-16,step=4")
     assert initial_shape(spec, None, 4) == (1, 2)
