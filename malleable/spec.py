@@ -247,7 +247,8 @@ _START = re.compile(r"(?:^|(?<=[\s\"'(\[{|;,]))malleable:", re.IGNORECASE)
 _FIELD = re.compile(r"\s*([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
 _SEP = re.compile(r"\s*[,;]")
 # A key=value word anywhere after the spec (preceded by a blank).
-_LOOSE_FIELD = re.compile(r"(?<=\s)([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
+_LOOSE_FIELD = re.compile(r"(?<=[\s,;])([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
+_EMPTY_FIELD = re.compile(r"\s*[,;]\s*[,;]")
 _INT = re.compile(r"[+-]?[0-9]+")   # a sign is read, so that -5 is refused as out of range
 _SECONDS = re.compile(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)([smh]?)", re.IGNORECASE)
 _GPUS = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -459,14 +460,21 @@ def find_spec(text: str) -> tuple[int, int] | None:
 
 def _refuse_split_spec(text: str, start: int, end: int) -> None:
     """Raise `SpecError` if a field of ours follows the spec ``text[start:end]`` after a
-    blank, anywhere in the rest of the comment ("gpus=1-8 step=4", "gpus=1-8 nightly
-    step=4"): the spec ends at the blank, so the field would be dropped without a word.
-    Other text after the spec is the comment's own."""
+    blank, an empty field or a separator, anywhere in the rest of the comment
+    ("gpus=1-8 step=4", "gpus=1-8 nightly step=4", "gpus=1-8,,step=4"): the spec ends
+    there, so the field would be dropped without a word. Other text after the spec is
+    the comment's own."""
+    if text[end:end + 1].isspace():
+        cut = "a blank"
+    elif _EMPTY_FIELD.match(text, end):
+        cut = "an empty field (two separators in a row)"
+    else:
+        cut = "the spec's end"
     for lost in _LOOSE_FIELD.finditer(text, end):
         key = lost.group(1)
         if _ALIASES.get(key.lower(), key.lower()) in KNOWN_KEYS:
-            raise SpecError(f"malleable spec: {key}={lost.group(2)}: after a blank, outside "
-                            f"the spec (separate its fields by commas, e.g. "
+            raise SpecError(f"malleable spec: {key}={lost.group(2)}: after {cut}, outside "
+                            f"the spec (separate its fields by single commas, e.g. "
                             f"{text[start:end]},{key}={lost.group(2)})",
                             field=key.lower(), value=lost.group(2))
 
@@ -480,7 +488,7 @@ def spec_fields(text: str) -> list[tuple[str, str]]:
 
     Raises:
         SpecError: ``malleable:`` appears more than once, or a field of ours follows
-            the spec after a blank.
+            the spec after a blank or an empty field.
     """
     span = find_spec(text or "")
     if span is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import string
 
 import pytest
@@ -366,6 +367,20 @@ def test_a_field_of_ours_after_a_blank_is_refused_not_dropped(text, field):
     with pytest.raises(SpecError, match="after a blank, outside the spec") as info:
         parse_spec(text)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("text, cut", [
+    ("malleable:gpus=1-8,,step=4,batch=64", "an empty field (two separators in a row)"),
+    ("malleable:gpus=1-8;;step=4", "an empty field (two separators in a row)"),
+    ("malleable:gpus=1-8, ,batch=64", "an empty field (two separators in a row)"),
+    ("malleable:gpus=1-8,(x),step=4", "the spec's end"),
+    ("malleable:gpus=1-8 nightly,step=4", "a blank"),
+])
+def test_a_field_of_ours_after_an_empty_field_is_refused_not_dropped(text, cut):
+    """gpus=1-8,,step=4,batch=64 parsed as gpus=1-8 alone: the spec ended at the empty
+    field and step and batch were lost without a word (a new-user tester)."""
+    with pytest.raises(SpecError, match=re.escape(f"after {cut}, outside the spec")):
+        parse_spec(text)
 
 
 @pytest.mark.parametrize("text", ["malleable:gpus=1-8 owner=alice", "malleable:gpus=1-8 (step=4)",
