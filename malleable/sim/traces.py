@@ -34,6 +34,7 @@ import math
 import re
 import reprlib
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -121,6 +122,11 @@ class TraceJob:
 # ----------------------------------------------------------------------------- helpers
 
 
+# What reading a trace may raise besides bad text: an OS error, and for a .gz file a
+# stream cut short (EOFError) or corrupt data (zlib.error).
+READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
 def _open_text(path: Path) -> io.TextIOBase:
     try:
         if path.suffix == ".gz":
@@ -145,7 +151,7 @@ def _read_error(path: Path, exc: BaseException) -> TraceError:
                         return TraceError(path, line, "", None,
                                           f"not UTF-8 text: byte 0x{byte.hex()} at column "
                                           f"{bad.start + 1}")
-        except (OSError, EOFError):
+        except READ_ERRORS:
             pass
     return TraceError(path, 0, "", None, f"cannot read trace: {getattr(exc, 'strerror', None) or exc}")
 
@@ -155,7 +161,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
         with fh:
             yield from enumerate(fh, start=1)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (*READ_ERRORS, UnicodeDecodeError) as exc:
         raise _read_error(path, exc) from None
 
 
@@ -181,7 +187,7 @@ def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
                     raise TraceError(path, line, "row", ",".join(cells)[:80],
                                      f"{len(cells)} fields, expected {len(header)}")
                 yield line, row
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+    except (*READ_ERRORS, UnicodeDecodeError, csv.Error) as exc:
         raise _read_error(path, exc) from None
 
 
@@ -687,7 +693,7 @@ def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
                 jobs.append(TraceJob(name=jid, arrival_s=submit.timestamp(),
                                      gpus=_sacct_gpus(path, line, row), duration_s=duration,
                                      nodes=nodes, group=row.get("Partition", "").strip()))
-    except (OSError, UnicodeDecodeError) as exc:
+    except (*READ_ERRORS, UnicodeDecodeError) as exc:
         raise _read_error(path, exc) from None
     jobs = _uniquify(jobs)
     origin = min((j.arrival_s for j in jobs), default=0.0)
@@ -743,7 +749,7 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         raise TraceError(path, 0, "", None, f"JSON nested too deeply to read (lists or "
                          f"objects more than about {sys.getrecursionlimit()} levels deep; "
                          f"a sacct --json export has fewer than 10)") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (*READ_ERRORS, UnicodeDecodeError) as exc:
         raise _read_error(path, exc) from None
     if not isinstance(doc, dict) or "jobs" not in doc:
         raise TraceError(path, 0, "", None, "not a sacct --json export: expected an object "
@@ -862,7 +868,7 @@ def load_sacct(path: str | Path) -> tuple[list[TraceJob], int]:
     try:
         with fh:
             head = fh.read(4096)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (*READ_ERRORS, UnicodeDecodeError) as exc:
         raise _read_error(path, exc) from None
     first = head.lstrip()[:1]
     first_line = head.split("\n", 1)[0]

@@ -35,6 +35,7 @@ import numpy as np
 
 from malleable.sim.profiles import load_profile
 from malleable.sim.traces import (
+    READ_ERRORS,
     TraceError,
     TraceJob,
     load_gavel,
@@ -88,8 +89,9 @@ def detect_format(path: str | Path) -> str:
         opener = gzip.open if p.suffix == ".gz" else open
         with opener(p, "rt", encoding="utf-8", errors="replace") as fh:
             first = fh.readline().strip().lstrip("\ufeff")
-    except OSError as exc:
-        raise TraceError(p, 0, "", None, f"cannot read trace: {exc.strerror or exc}") from None
+    except READ_ERRORS as exc:
+        raise TraceError(p, 0, "", None, f"cannot read trace: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
     if first.startswith("name,time,application"):
         return "pollux"
     if first.startswith("timestamp,duration,num_gpus"):

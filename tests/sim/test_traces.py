@@ -81,6 +81,37 @@ def test_bytes_that_are_not_utf8_are_named_by_line_and_column(tmp_path, suffix):
     assert err.value.line == 3
 
 
+def _cut_gz(data: bytes) -> bytes:
+    z = gzip.compress(data)
+    return z[:len(z) // 2]
+
+
+@pytest.mark.parametrize("name, data", [
+    ("w.csv.gz", b"name,time,application,num_replicas,batch_size\n"
+     + b"".join(b"j%d,%d,cifar10,1,128\n" % (i, i) for i in range(3000))),
+    ("s.txt.gz", b"JobID|Submit|Elapsed|AllocTRES\n"
+     + b"".join(b"%d|2026-01-01T00:00:00|00:10:00|gres/gpu=1\n" % i for i in range(1, 3000))),
+    ("s.json.gz", json.dumps({"jobs": [{"job_id": i, "name": f"n{i * 7919}"}
+                                      for i in range(1, 3000)]}).encode()),
+])
+def test_a_gzip_trace_cut_short_is_named_not_aborted(tmp_path, name, data):
+    """A .gz cut short raised EOFError past the format detection (and in the sacct
+    loaders past their first line): the CLI printed 'Aborted!' and exited 1."""
+    from malleable.sim.workloads import load_workload
+    f = tmp_path / name
+    f.write_bytes(_cut_gz(data))
+    with pytest.raises(TraceError, match="cannot read trace: Compressed file ended"):
+        load_workload(f)
+    f.write_bytes(gzip.compress(data)[:30])   # cut within the first line: detect_format
+    with pytest.raises(TraceError, match="cannot read trace: Compressed file ended"):
+        load_workload(f)
+    corrupt = bytearray(gzip.compress(data))
+    corrupt[len(corrupt) // 2:len(corrupt) // 2 + 32] = b"\xff" * 32
+    f.write_bytes(bytes(corrupt))
+    with pytest.raises(TraceError, match="cannot read trace: "):
+        load_workload(f)
+
+
 def test_lines_of_blank_cells_are_skipped_as_empty_lines(tmp_path):
     """Spreadsheets export empty rows as ",,,,"; whitespace-only lines are as empty."""
     f = tmp_path / "w.csv"
