@@ -13,7 +13,9 @@ of a Gavel trace is not used.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -281,6 +283,7 @@ def simulate(workloads, workload_paths, policies, policy_params, nodes, gpus_per
         click.echo("submit with:")
         click.echo(f"  {sweep.submit_hint(array, compare)}")
         return
+    _check_run_dirs(specs, out_dir)
     bar = None
     ended = [0] * len(specs)
     if not no_progress:
@@ -570,6 +573,26 @@ def _check_out(out_dir: str) -> None:
         raise _fail(f"--out {out_dir}: exists and is not a directory") from None
     except OSError as exc:
         raise _fail(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _check_run_dirs(specs: Sequence, out_dir: str) -> None:
+    """Check, before any run, that each run's folder (`sweep.RunSpec.run_dir`:
+    ``<out>/<workload>/<policy>/seed<N>``) can be made and written: a file in its way, or a folder the user may not write, used
+    to fail that run when it ended, and the sweep with it (exit 1).
+
+    Raises:
+        click.exceptions.Exit: (exit 2) naming the run and the path in the way.
+    """
+    for spec in specs:
+        d = spec.run_dir
+        p = next((q for q in (d, *d.parents) if q.exists() or q.is_symlink()), d)
+        if not p.is_dir():
+            raise _fail(f"--out {out_dir}: run {spec.run_id}: {p} exists and is not a "
+                        "directory (move it, or give another --out)")
+        if not os.access(p, os.W_OK | os.X_OK, effective_ids=os.access in
+                         os.supports_effective_ids):
+            raise _fail(f"--out {out_dir}: run {spec.run_id}: cannot write in {p} (not "
+                        "writable by this user)")
 
 
 def _common_args(policy_params, nodes, gpn, interval, restart_cost, fmt, load_scale, window_days, map_models,

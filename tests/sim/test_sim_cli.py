@@ -6,8 +6,10 @@ import csv
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -337,6 +339,43 @@ def test_unusable_out_is_refused_before_any_run(tmp_path, workload):
     res = simulate("--workload", str(workload), "--policy", "las", "--nodes", "2",
                    "--no-plots", "--out", str(tmp_path / "new" / "deep"))
     assert res.exit_code == 0 and (tmp_path / "new" / "deep" / "tiny" / "las").is_dir()
+
+
+def test_a_run_folder_that_cannot_be_written_is_refused_before_any_run(tmp_path, workload):
+    """A file where a run's folder goes, or a folder the user may not write, failed that
+    run when it ended (exit 1, "a run failed: [Errno 17] File exists") and the sweep's
+    other runs never ran; it is now exit 2 before any run, naming the run and the path."""
+    out = tmp_path / "out"
+    (out / "tiny" / "static").mkdir(parents=True)
+    (out / "tiny" / "static" / "seed0").write_text("x")
+    res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "2",
+                   "--no-plots", "--out", str(out))
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == (f"malleable simulate: error: --out {out}: run "
+                                  f"tiny/static/seed0: {out}/tiny/static/seed0 exists and is "
+                                  "not a directory (move it, or give another --out)")
+    assert not (out / "tiny" / "las").exists()   # no run ran
+    # A folder the user may not write (root may write any: the command runs as nobody).
+    base = Path(tempfile.mkdtemp(prefix="malleable-sim-out-", dir="/tmp"))
+    try:
+        shutil.copy(workload, base / "tiny.csv")
+        (base / "out" / "tiny").mkdir(parents=True)
+        for d in (base, base / "out"):
+            d.chmod(0o777)
+        (base / "out" / "tiny").chmod(0o555)
+        cmd = [sys.executable, "-m", "malleable", "simulate", "--no-progress", "--workload",
+               str(base / "tiny.csv"), "--policy", "las", "--nodes", "2", "--out",
+               str(base / "out")]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "nobody", "--", *cmd]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).resolve().parents[2])
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == (f"malleable simulate: error: --out {base}/out: run "
+                                    f"tiny/las/seed0: cannot write in {base}/out/tiny (not "
+                                    "writable by this user)")
+    finally:
+        shutil.rmtree(base)
 
 
 def test_a_trace_without_jobs_is_refused_and_oversized_requests_are_noted(tmp_path):
