@@ -253,13 +253,19 @@ def scale_load(jobs: list[TraceJob], load_scale: float) -> list[TraceJob]:
     """Arrivals divided by ``load_scale`` (> 0): the same jobs arriving that much faster.
 
     Raises:
-        ValueError: a scale that is not a positive finite number.
+        ValueError: a scale that is not a positive finite number, or one so small that
+            an arrival divided by it is no finite time.
     """
     if not (math.isfinite(load_scale) and load_scale > 0):
         raise ValueError(f"load scale must be a positive number, got {load_scale!r}")
     if load_scale == 1.0:
         return jobs
-    return [replace(j, arrival_s=j.arrival_s / load_scale) for j in jobs]
+    out = [replace(j, arrival_s=j.arrival_s / load_scale) for j in jobs]
+    for j, o in zip(jobs, out, strict=True):
+        if not math.isfinite(o.arrival_s):
+            raise ValueError(f"--load-scale {load_scale!r}: job {j.name}'s arrival, "
+                             f"{j.arrival_s:g} s, divided by it is no finite time")
+    return out
 
 
 def load_workload(path: str | Path, fmt: str = "auto", *, seed: int = 0, load_scale: float = 1.0,

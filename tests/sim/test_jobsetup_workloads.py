@@ -186,6 +186,11 @@ def test_load_scale_and_names():
     assert [j.arrival_s for j in scale_load(jobs, 2.0)] == [50.0, 150.0]
     with pytest.raises(ValueError):
         scale_load(jobs, 0.0)
+    # A scale so small that an arrival becomes infinite: the engine failed on it (exit 1).
+    with pytest.raises(ValueError, match=r"^--load-scale 5e-324: job a's arrival, 100 s, "
+                                         r"divided by it is no finite time$"):
+        scale_load(jobs, 5e-324)
+    assert scale_load([TraceJob("z", 0.0, 1)], 5e-324)[0].arrival_s == 0.0
     assert unique_names(["/x/w.csv", "/y/v.csv.gz"]) == ["w", "v"]
     assert unique_names(["/x/w.csv", "/y/w.csv"]) == ["x-w", "y-w"]
     with pytest.raises(ValueError, match=r"^traces whose runs would share a name \(c-a\): "
