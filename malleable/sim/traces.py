@@ -677,14 +677,15 @@ def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
                 if row.get("End", "") in _UNSET_TIMES and "End" in row:
                     skipped += 1   # still running (its Elapsed is the time so far)
                     continue
+                if "Start" in row and "End" in row:
+                    start = _datetime(path, line, "Start", start_raw, "%Y-%m-%dT%H:%M:%S")
+                    end = _datetime(path, line, "End", row["End"], "%Y-%m-%dT%H:%M:%S")
+                    if end < start:
+                        raise TraceError(path, line, "End", row["End"], "before Start")
                 if "Elapsed" in row:
                     duration = _elapsed(path, line, "Elapsed", row["Elapsed"])
                 else:
-                    start = _datetime(path, line, "Start", start_raw, "%Y-%m-%dT%H:%M:%S")
-                    end = _datetime(path, line, "End", row["End"], "%Y-%m-%dT%H:%M:%S")
                     duration = (end - start).total_seconds()
-                    if duration < 0:
-                        raise TraceError(path, line, "End", row["End"], "before Start")
                 nodes = None
                 for f in ("NNodes", "ReqNodes"):
                     if row.get(f, "").strip():
@@ -770,6 +771,12 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         task_n = _json_number(path, where, f"{where}.array.task_id", task) \
             if task is not None else None
         parent = arr.get("job_id") if isinstance(arr, dict) else None
+        if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int)
+                                   or parent < 0):
+            raise TraceError(path, 0, f"{where}.array.job_id", parent,
+                             "not an integer >= 0 (0: not an array job)")
+        if task_n is not None and not (task_n >= 0 and float(task_n).is_integer()):
+            raise TraceError(path, 0, f"{where}.array.task_id", task, "not an integer >= 0")
         jid = f"{parent}_{int(task_n)}" if task_n is not None and parent else str(jid_raw)
         t = rec.get("time")
         if not isinstance(t, dict):
@@ -783,11 +790,16 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         if not start or not end:
             skipped += 1   # never started, or still running
             continue
+        if end < start:
+            raise TraceError(path, 0, f"{where}.time.end", t.get("end"),
+                             f"before {where}.time.start ({start:g})")
         elapsed = t.get("elapsed")
         duration = _json_number(path, where, f"{where}.time.elapsed", elapsed) \
-            if elapsed is not None else end - start
-        if duration is None or duration < 0:
-            raise TraceError(path, 0, f"{where}.time.elapsed", elapsed, "negative or unset")
+            if elapsed is not None else None
+        if duration is None:   # absent or {"set": false}: from start and end
+            duration = end - start
+        elif duration < 0:
+            raise TraceError(path, 0, f"{where}.time.elapsed", elapsed, "negative")
         tres = rec.get("tres") or {}
         if not isinstance(tres, dict):
             raise TraceError(path, 0, f"{where}.tres", tres, "expected an object")

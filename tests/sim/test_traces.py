@@ -466,6 +466,9 @@ def test_sacct_pipe_text_skips_a_running_job_despite_its_elapsed(tmp_path):
     ("job104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1||OK|",
      "field JobID='job104'"),
     ("104|x|gpu|2024-03-01T11:00:00", "expected 10 fields, got 4"),
+    # End before Start was checked only without Elapsed.
+    ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:09|2024-03-01T11:00:00|00:09|1|node=1|OK|",
+     "field End='2024-03-01T11:00:00': before Start"),
     ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|"
      "cpu=8,gres/gpu=notanumber,node=2|OK|",
      "field AllocTRES='cpu=8,gres/gpu=notanumber,node=2': the gres/gpu count 'notanumber' is "
@@ -528,6 +531,24 @@ def test_sacct_json_in_22_05_and_23_11_shapes(tmp_path):
     f.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=r"field jobs\[0\]\.time\.elapsed='an hour'"):
         load_sacct(f)
+    # An elapsed that is not set is taken from start and end (it was refused as unset).
+    doc["jobs"][0]["time"]["elapsed"] = {"set": False, "infinite": False, "number": 0}
+    f.write_text(json.dumps(doc))
+    assert load_sacct(f)[0][0].duration_s == 3600.0
+    doc["jobs"][0]["time"]["end"] = 1000   # named as end, not as elapsed=None
+    f.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match=r"field jobs\[0\]\.time\.end=1000: before "
+                                         r"jobs\[0\]\.time\.start \(1010\)"):
+        load_sacct(f)
+    doc["jobs"][0]["time"]["end"] = 4610
+    for bad, field in (({"x": 1}, "job_id"), (-9, "job_id"), (num(-3), "task_id"),
+                       (num(1.5), "task_id")):
+        doc["jobs"][1]["array"][field] = bad    # became job names like "{'x': 1}_4", "9_-3"
+        f.write_text(json.dumps(doc))
+        with pytest.raises(TraceError, match=rf"field jobs\[1\]\.array\.{field}=.*not an "
+                                             r"integer >= 0"):
+            load_sacct(f)
+        doc["jobs"][1]["array"] = {"job_id": 201, "task_id": num(4)}
     doc["jobs"][0]["time"]["elapsed"] = 3600
     doc["jobs"][0]["tres"]["allocated"][1]["count"] = "x"   # was read as 0 GPUs
     f.write_text(json.dumps(doc))
