@@ -284,6 +284,8 @@ class Daemon:
             self._poll_in(jobs, now, skipped, ingest)
         except BaseException:
             self.job_rows.clear()   # (not committed: the kept rows may be ahead of the store)
+            if ingest:
+                self._ingest_rolled_back()
             raise
         self._rows_at = now
         if ingest and not skipped:
@@ -407,11 +409,24 @@ class Daemon:
         """Read new progress lines of the malleable jobs (and those that just ended),
         in a transaction of their own."""
         full = self.poll_incomplete
-        with self.sessions() as s, s.begin():
-            report = self._ingest_in(s, now, full=full)
+        try:
+            with self.sessions() as s, s.begin():
+                report = self._ingest_in(s, now, full=full)
+        except BaseException:
+            self._ingest_rolled_back()
+            raise
         if not full:
             self._read_all = True   # (committed)
         return report
+
+    def _ingest_rolled_back(self) -> None:
+        """After an ingest whose transaction did not commit (a full disk, a locked or
+        read-only database): the cursors have moved past lines that were not stored, so
+        the files' stored offsets are behind them and the re-read lines would be
+        rejected as decreasing_step and lost. The cursors are rebuilt from the store
+        and the next ingest reads every file."""
+        self.cursors = Cursors()
+        self._read_all = False
 
     def _ingest_in(self, s, now: datetime, full: bool = False) -> IngestReport:
         """`ingest` in the caller's transaction (the caller sets ``_read_all`` once it

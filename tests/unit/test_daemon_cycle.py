@@ -436,6 +436,47 @@ def test_a_settings_row_that_is_not_json_does_not_stop_the_poll(tmp_path, caplog
         assert s.get(Decision, r.decision_id).policy == "equi"
 
 
+def test_lines_of_an_ingest_that_did_not_commit_are_read_again(tmp_path):
+    """A write that fails within the poll's transaction (a full disk; here a trigger
+    raising in the real SQLite) rolled the samples back but left the cursors past them:
+    the re-read lines were rejected as decreasing_step and lost for good (a tester
+    filled the disk under a running daemon)."""
+    import sqlalchemy.exc
+    from sqlalchemy import func, text
+
+    from malleable.db.models import ProgressSample
+
+    c = Cluster(tmp_path)
+    p = c.malleable()
+    c.advance(60)
+    c.daemon.poll_cycle()
+
+    def stored() -> int:
+        with c.sessions() as s:
+            return s.scalar(select(func.count()).select_from(ProgressSample)
+                            .where(ProgressSample.job_id == c.db_id(p)))
+
+    def written() -> int:
+        lines = (c.spool / f"{p}.jsonl").read_text().splitlines()
+        return sum(json.loads(x)["event"] == "progress" for x in lines)
+
+    assert 0 < stored() == written()
+    with c.sessions() as s, s.begin():
+        s.execute(text("CREATE TRIGGER full BEFORE INSERT ON progress_samples "
+                       "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"))
+    c.advance(120)   # several lines: all but the last would have been refused
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="disk is full"):
+        c.daemon.poll_cycle()
+    before = stored()
+    assert before < written()
+    with c.sessions() as s, s.begin():
+        s.execute(text("DROP TRIGGER full"))
+    c.advance(30)
+    r = c.daemon.poll_cycle()
+    assert not r.ingest.rejected
+    assert before < stored() == written()
+
+
 def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog):
     """The admin commands write only the store; the daemon logs when it takes them up."""
     c = Cluster(tmp_path)
