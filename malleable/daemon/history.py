@@ -25,7 +25,7 @@ from malleable.daemon.actions import Step
 from malleable.daemon.reconcile import ActionKind
 from malleable.db.models import Action, Job, JobEvent, ProgressSample
 from malleable.db.store import run_core
-from malleable.progress.ingest import RESTART_SLACK
+from malleable.progress.lines import RESTART_SLACK
 
 # Built once (building a statement costs more than running it); IN lists expand at run time.
 _IDS = bindparam("ids", expanding=True)

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 import click
 
 from malleable.progress.lines import (
+    RESTART_SLACK,
     Cursor,
     LineValidator,
     ProgressRecord,
@@ -93,7 +94,8 @@ def read_tail(path: str) -> bytes:
     return data
 
 
-def replay(tail: bytes, job_id: str) -> tuple[LineValidator, ProgressRecord | None]:
+def replay(tail: bytes, job_id: str, max_restart: int | None = None
+           ) -> tuple[LineValidator, ProgressRecord | None]:
     """The daemon's view of a job's file once ``tail`` (`read_tail`) is ingested.
 
     The lines of ``tail`` go through the daemon's own `LineValidator` in order, as
@@ -105,6 +107,10 @@ def replay(tail: bytes, job_id: str) -> tuple[LineValidator, ProgressRecord | No
     Args:
         tail: the end of the job's progress file.
         job_id: the job whose file it is (a line naming another job is rejected).
+        max_restart: the highest restart count a line may carry (`check_order`; the
+            caller's run count plus `RESTART_SLACK`), None: no bound. A line above
+            it is rejected, as the daemon rejects it (``future_restart``), so it does
+            not make the run's own lines look stale.
 
     Returns:
         (the validator, ready for this call's line: its ``last`` `Cursor` is the
@@ -113,7 +119,8 @@ def replay(tail: bytes, job_id: str) -> tuple[LineValidator, ProgressRecord | No
         ``restart`` resets the cursor; a rejected line leaves it as it was.
         Never raises.
     """
-    validator = LineValidator(job_id, max_future_s=0, check_time=False)
+    validator = LineValidator(job_id, max_future_s=0, check_time=False,
+                              max_restart=max_restart)
     lines, partial = split_lines(tail)
     if partial.strip():
         lines.append(partial)
@@ -239,7 +246,9 @@ class _Context:
         except ValueError as exc:
             fail(str(exc))
         self.job_given = bool(job)
-        self.validator, self.last = replay(read_tail(self.reporter.path), self.reporter.job_id)
+        self.validator, self.last = replay(
+            read_tail(self.reporter.path), self.reporter.job_id,
+            max_restart=self.reporter.restart_count + RESTART_SLACK)
         # The file's last accepted line says the batch the job runs at now: it wins over
         # MALLEABLE_BATCH_SIZE, which `malleable submit` sets to the spec's initial batch.
         if batch is None and self.last is not None:

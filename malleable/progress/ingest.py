@@ -51,18 +51,11 @@ from sqlalchemy.orm import Session
 
 from malleable.db import store
 from malleable.db.models import JobEvent
-from malleable.progress.lines import Cursor, LineValidator, ProgressRecord
+from malleable.progress.lines import RESTART_SLACK, Cursor, LineValidator, ProgressRecord
 from malleable.progress.reporter import MAX_LINE_BYTES
 from malleable.progress.spool import SpoolDir, process_read
 
 EVENT_KINDS = ("started", "checkpointed", "finished")
-
-RESTART_SLACK = 1
-"""A line may carry a restart count this much above Slurm's as last polled: a job
-requeued and started again between the daemon's poll and its read of the file. A
-line above that (a job that writes a wrong count, e.g. its own attempt counter) is
-rejected; accepted, it would have made every later line of the job's real run
-``stale_restart``."""
 
 
 @dataclass(frozen=True)

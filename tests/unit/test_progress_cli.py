@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from malleable.cli import main
-from malleable.progress.lines import LineValidator, ProgressRecord
+from malleable.progress.lines import LineValidator, ProgressRecord, Rejection
 
 
 def run(args, env):
@@ -302,15 +302,32 @@ def test_a_huge_step_or_a_long_path_is_one_error_line_not_a_traceback(tmp_path):
 
 
 def test_a_restart_count_below_the_files_is_refused(tmp_path):
-    """A run that ended in the file (restart 2) cannot be followed by restart 0."""
+    """A line of restart 1 (Slurm's count 0, plus one: the daemon accepts it) cannot be
+    followed by restart 0."""
     env, path = session_env(tmp_path), tmp_path / "8.jsonl"
-    assert run(["started", "--batch", "64"], env | {"SLURM_RESTART_COUNT": "2"}).exit_code == 0
+    assert run(["started", "--batch", "64"], env | {"SLURM_RESTART_COUNT": "1"}).exit_code == 0
     before = path.read_bytes()
     for args in (["started"], ["progress", "--step", "5", "--samples", "320"],
                  ["checkpointed", "/x.pt"], ["finished"]):
-        refused(run(args, env), f"SLURM_RESTART_COUNT=0: below restart 2 of a line already "
+        refused(run(args, env), f"SLURM_RESTART_COUNT=0: below restart 1 of a line already "
                                 f"in {path} (the daemon would reject it as stale_restart)")
     assert path.read_bytes() == before
+
+
+def test_a_line_above_this_runs_restart_count_does_not_lock_the_job_out(tmp_path):
+    """A line of restart 5 written while SLURM_RESTART_COUNT is 0 (set by hand; the
+    daemon rejects it as future_restart) made every later call of the real run fail as
+    stale_restart, though the daemon accepts those lines (a tester on the harness)."""
+    env, path = session_env(tmp_path), tmp_path / "8.jsonl"
+    assert run(["started", "--batch", "64"], env).exit_code == 0
+    assert run(["progress", "--step", "20", "--samples", "1280"],
+               env | {"SLURM_RESTART_COUNT": "5"}).exit_code == 0
+    res = run(["progress", "--step", "30", "--samples", "1920"], env)
+    assert res.exit_code == 0, res.stderr
+    v = LineValidator("8", max_restart=1)    # the daemon, Slurm's count 0
+    assert [r.reason.value if isinstance(r, Rejection) else r.step
+            for r in (v.feed(x, 2e9) for x in path.read_bytes().splitlines())] == [
+        0, "future_restart", 30]
 
 
 def test_a_clock_ahead_of_the_daemons_is_not_refused(tmp_path, monkeypatch):
