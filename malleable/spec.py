@@ -49,9 +49,9 @@ samples_per_epoch  samples_per_epoch             int >= 1, data set size (none)
 target_metric      target_metric                 finite float, stop when reached (none)
 metric_goal        metric_goal                   ``max`` or ``min`` (max): is a larger
                                                  metric better?
-batch              batch_size                    int >= 1, initial global batch m0 (none)
-max_batch          max_batch_size                int >= batch, largest global batch (none)
-max_local_batch    max_local_batch_size          int >= 1, largest per-GPU batch (none)
+batch              batch_size                    int in [1, 2**31-1], initial global batch m0 (none)
+max_batch          max_batch_size                int in [batch, 2**31-1], largest global batch (none)
+max_local_batch    max_local_batch_size          int in [1, 2**31-1], largest per-GPU batch (none)
 model              model                         name, [A-Za-z0-9_.-]{1,64}, used for
                                                  priors and by the emulator (none)
 restart_cost       restart_cost_s                seconds lost per checkpoint-requeue,
@@ -79,12 +79,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from malleable.progress.reporter import MAX_BATCH
+
 PREFIX = "malleable:"
 
 SIGNAL_TARGETS = ("batch", "full", "steps")
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "CONT", "WINCH")
 MAX_MODEL_LEN = 64
 MAX_INT = 2**63 - 1  # what SQLite's INTEGER holds
+_BATCH_FIELDS = ("batch_size", "max_batch_size", "max_local_batch_size")
 MAX_SECONDS = 7 * 86400.0  # grace and restart_cost: a week (a datetime holds far more)
 
 
@@ -279,6 +282,9 @@ def _validate(s: MalleableSpec) -> None:
             raise _err(attr, v, "expected an integer >= 1")
         if v > MAX_INT:
             raise _err(attr, v, _TOO_LARGE)
+        if attr in _BATCH_FIELDS and v > MAX_BATCH:
+            raise _err(attr, v, f"too large; expected a batch of at most {MAX_BATCH} "
+                       "(2**31 - 1) samples")
     if s.min_gpus > s.max_gpus:
         raise SpecError(f"malleable spec: gpus={s.min_gpus}-{s.max_gpus}: "
                         f"minimum exceeds maximum", field="gpus",

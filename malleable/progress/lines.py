@@ -19,7 +19,13 @@ import json
 import math
 from dataclasses import dataclass
 
-from malleable.progress.reporter import EVENTS, FORMAT_VERSION, MAX_INT, MAX_LINE_BYTES
+from malleable.progress.reporter import (
+    EVENTS,
+    FORMAT_VERSION,
+    MAX_BATCH,
+    MAX_INT,
+    MAX_LINE_BYTES,
+)
 
 MAX_JOB_ID_LEN = 64
 MAX_PATH_LEN = 4096
@@ -99,6 +105,7 @@ _INT_FIELDS = ("step", "samples", "gpus", "nodes", "batch", "restart")
 _REQUIRED = ("t", "job", "event", *_INT_FIELDS)
 _FLOAT_FIELDS = ("metric", "grad_sqr", "grad_var")
 _MIN = {"gpus": 0, "nodes": 1, "batch": 1, "restart": 0}
+_MAX = {"batch": MAX_BATCH}
 
 
 class _NonFinite(ValueError):
@@ -194,7 +201,7 @@ def _check_fields(doc: dict, *, now: float, max_future_s: float,
         if doc[name] < 0:
             return Rejection(Reason.NEGATIVE_STEP, f"{name}={doc[name]}")
     for name in _INT_FIELDS:
-        if doc[name] > MAX_INT or doc[name] < _MIN.get(name, 0):
+        if doc[name] > _MAX.get(name, MAX_INT) or doc[name] < _MIN.get(name, 0):
             return Rejection(Reason.BAD_VALUE, f"{name}={_short(doc[name])}")
     if t < 0:
         return Rejection(Reason.BAD_VALUE, f"t={t}")

@@ -62,6 +62,10 @@ PLAN_SUFFIX = ".plan.json"
 MAX_LINE_BYTES = 4096       # a longer line is rejected by the daemon ("too_long")
 MAX_PLAN_BYTES = 4096
 MAX_INT = 2**63 - 1
+# The largest global or per-GPU batch (samples) a line or a spec may hold: far above any
+# training run's, and low enough that the estimators' arithmetic on it (float64, int64
+# products with GPU counts) stays exact; batch=2**63-1 came back from them as -2**63.
+MAX_BATCH = 2**31 - 1
 
 CKPT_MAGIC = b"MALLEABLE-CKPT 1\n"
 _CKPT_HEADER = struct.Struct(">Q32s")   # payload length, SHA-256 of the payload
@@ -604,8 +608,9 @@ class Reporter:
     @staticmethod
     def _check_batch(batch_size: object) -> int:
         value = _integral(batch_size)
-        if value is None or not 1 <= value <= MAX_INT:
-            raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+        if value is None or not 1 <= value <= MAX_BATCH:
+            raise ValueError(f"batch_size={batch_size!r}: expected an integer in [1, "
+                             f"{MAX_BATCH}] (2**31 - 1: the daemon rejects a larger batch)")
         return value
 
     @staticmethod

@@ -18,7 +18,7 @@ from malleable.progress.lines import (
     parse_line,
     split_lines,
 )
-from malleable.progress.reporter import MAX_LINE_BYTES, Reporter
+from malleable.progress.reporter import MAX_BATCH, MAX_LINE_BYTES, Reporter
 
 NOW = 1_700_000_000.0
 GOOD = {"v": 1, "t": NOW - 5, "job": "12", "event": "progress", "step": 10, "samples": 640,
@@ -141,6 +141,17 @@ def test_a_restart_count_above_slurms_is_refused_and_keeps_the_run_open():
     assert v.last.restart == 0 and v.last.step == 11
 
 
+def test_a_batch_above_the_bound_is_a_bad_value():
+    """The spec's bound (2**31 - 1 samples) holds for a line's batch too: with no batch
+    in the spec, the first line's batch is m0."""
+    assert isinstance(parse_line(with_(batch=MAX_BATCH), now=NOW), ProgressRecord)
+    got = parse_line(with_(batch=MAX_BATCH + 1), now=NOW)
+    assert got.reason == Reason.BAD_VALUE and got.detail == f"batch={MAX_BATCH + 1}"
+    with pytest.raises(ValueError, match=r"batch_size=2147483648: expected an integer in "
+                                         r"\[1, 2147483647\]"):
+        Reporter("1", "/tmp", batch_size=MAX_BATCH + 1)
+
+
 def test_a_cursor_above_the_bound_does_not_hold_the_job_back():
     """A bogus restart (999) stored before future_restart existed comes back as the
     cursor after a daemon restart; the job's real lines then start a new run instead
@@ -230,7 +241,7 @@ finite = st.floats(allow_nan=False, allow_infinity=False)
 
 @settings(max_examples=300, deadline=None)
 @given(step=st.integers(0, 2**63 - 1), samples=st.integers(0, 2**63 - 1),
-       gpus=st.integers(0, 4096), nodes=st.integers(1, 1024), batch=st.integers(1, 2**40),
+       gpus=st.integers(0, 4096), nodes=st.integers(1, 1024), batch=st.integers(1, MAX_BATCH),
        restart=st.integers(0, 10**6), metric=st.none() | finite,
        event=st.sampled_from(["started", "progress", "finished"]),
        t=st.floats(0, NOW + 299, allow_nan=False))

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from malleable.progress.reporter import MAX_BATCH
 from malleable.spec import (
     KNOWN_KEYS,
     SIGNAL_TARGETS,
@@ -90,6 +91,10 @@ def test_no_spec_is_none(comment):
     ("malleable:gpus=2-4,target_metric=inf", "target_metric", "inf"),
     ("malleable:gpus=2-4,metric_goal=up", "metric_goal", "up"),
     ("malleable:gpus=2-4,batch=512,max_batch=256", "max_batch", 256),
+    # Above 2**31 - 1 samples: batch=2**63-1 came out of the estimators as -2**63.
+    ("malleable:gpus=1-4,batch=9223372036854775807", "batch", 9223372036854775807),
+    ("malleable:gpus=1-4,batch=64,max_batch=2147483648", "max_batch", 2147483648),
+    ("malleable:gpus=1-4,max_local_batch=2147483648", "max_local_batch", 2147483648),
     # Batch limits that no size of the range can run with: the job would be held for ever.
     ("malleable:gpus=2-2,max_batch=1", "max_batch", 1),
     ("malleable:gpus=2-4,batch=1", "batch", 1),
@@ -209,9 +214,9 @@ def specs(draw) -> MalleableSpec:
     hi = draw(st.integers(lo, 8192))
     # Batch limits with which some size fits (`_check_some_size_fits`): batch >= lo, and a
     # per-GPU limit that holds the batch on lo GPUs.
-    batch = draw(st.none() | st.integers(lo, 2**63 - 1))
-    max_batch = draw(st.none() | st.integers(batch or lo, 2**63 - 1))
-    max_local = draw(st.none() | st.integers(-(-(batch or 1) // lo), 2**63 - 1))
+    batch = draw(st.none() | st.integers(lo, MAX_BATCH))
+    max_batch = draw(st.none() | st.integers(batch or lo, MAX_BATCH))
+    max_local = draw(st.none() | st.integers(-(-(batch or 1) // lo), MAX_BATCH))
     return MalleableSpec(
         min_gpus=lo, max_gpus=hi, step=draw(st.integers(1, 64)),
         signal=draw(st.sampled_from(SIGNALS)),
