@@ -49,7 +49,7 @@ from malleable.daemon.systemd import Notifier
 from malleable.daemon.testhook import crash_points_from_env
 from malleable.db import schema
 from malleable.db.engine import engine_from_config, session_factory
-from malleable.db.errors import StoreError
+from malleable.db.errors import DatabaseUnavailable, StoreError
 from malleable.db.lease import (
     LeaseLost,
     acquire_lease,
@@ -70,6 +70,23 @@ log = logging.getLogger(__name__)
 def utcnow() -> datetime:
     """The daemon's wall clock (the only place the service reads it)."""
     return datetime.now(UTC)
+
+
+def log_failure(what: str, exc: Exception,
+                then: str = "will run again at the next interval") -> None:
+    """Log a scheduled job's failure: one error line when the database is unusable (full,
+    read-only, locked, gone: `DatabaseUnavailable`, which names the database and the
+    cause), which can last for many cycles; with the traceback for anything else (a bug).
+
+    Args:
+        what: the job ("poll cycle", "decide cycle", "heartbeat", ...).
+        exc: what it raised.
+        then: what happens next, ending the line.
+    """
+    if isinstance(exc, DatabaseUnavailable):
+        log.error("%s failed, database unavailable: %s; %s", what, exc, then)
+    else:
+        log.exception("%s failed (%s); %s", what, exc, then)
 
 
 @dataclass
@@ -140,8 +157,7 @@ class Service:
             try:
                 report = fn()
             except Exception as exc:  # the service must outlive any single cycle's failure
-                log.exception("%s failed (%s); will run again at the next interval", what,
-                              exc)
+                log_failure(what, exc)
                 if isinstance(exc, StoreError | DBAPIError):
                     # A connection opened while the database could not be written (a full
                     # or read-only disk, an immutable WAL) stays read-only for good: the
@@ -190,6 +206,11 @@ class Service:
         except LeaseLost as exc:
             log.error("%s; stopping so that only one daemon acts", exc)
             self.stop()
+            return
+        except DatabaseUnavailable as exc:
+            # (no watchdog ping: a database unusable for longer than systemd's watchdog
+            # interval gets the daemon restarted)
+            log_failure("heartbeat", exc)
             return
         self.notifier.watchdog()
 
@@ -267,8 +288,9 @@ class Service:
                         n = self.daemon.release_holds()
                         log.info("stopping: released %d job(s) the daemon held (%d Slurm RPCs)",
                                  n, self.daemon.rpc_count() - rpc0)
-                    except Exception:  # the stop must complete whatever happens
-                        log.exception("releasing holds on stop failed")
+                    except Exception as exc:  # the stop must complete whatever happens
+                        log_failure("releasing holds on stop", exc,
+                                    then="jobs the daemon held may stay held until it runs again")
                 release_lease(self.engine, self.holder)
                 log.info("stopped; lease of %s released", self.holder)
                 self.engine.dispose()
