@@ -6,7 +6,8 @@ start: a bad configuration, an unusable database, a schema older or newer than
 this malleable's, another daemon holding the lease, or a ``[metrics] address``
 it cannot listen on, e.g. a port in use (the lease is taken first, so that a
 second daemon names the holder, and given back; one line on stderr naming the
-cause, no traceback).
+cause, no traceback); 3 its SQLite file was removed or replaced while it ran (it
+stops without writing to the database again; the systemd unit does not restart it).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ and tests.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -66,6 +67,11 @@ from malleable.slurm.client import SlurmError, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
+# The exit code of a daemon whose SQLite file went away under it: the unit's
+# RestartPreventExitStatus, so that systemd does not restart it into a new, empty
+# database that knows nothing of the jobs it held.
+DATABASE_GONE_EXIT = 3
+
 
 def utcnow() -> datetime:
     """The daemon's wall clock (the only place the service reads it)."""
@@ -88,6 +94,44 @@ def log_failure(what: str, exc: Exception,
     else:
         log.exception("%s failed (%s); %s", what, exc, then)
 
+
+
+@dataclass(frozen=True)
+class DatabaseFile:
+    """The SQLite file the daemon opened, by path and identity (device, inode).
+
+    Attributes:
+        path: the file (absolute); dev, ino: its ``os.stat`` identity at start.
+    """
+
+    path: str
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, engine) -> DatabaseFile | None:
+        """The file of an SQLite ``engine`` (None: another database, or in memory)."""
+        if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+            return None
+        path = os.path.abspath(engine.url.database)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cls(path, st.st_dev, st.st_ino)
+
+    def changed(self) -> str | None:
+        """How the file changed since start ("was removed", "was replaced by another
+        file"), or None while it is the same file."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return "was removed (or moved away)"
+        except OSError:
+            return None   # (unreadable now: the cycles report why)
+        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+            return "was replaced by another file"
+        return None
 
 @dataclass
 class ServiceOptions:
@@ -127,6 +171,8 @@ class Service:
             log.warning("spool %s: %s", config.progress.spool_dir, p)
         self.engine = engine_from_config(config)
         schema.prepare_schema(self.engine)
+        self.db_file = DatabaseFile.of(self.engine)
+        self.exit_code = 0   # what `start` returns after a stop (DATABASE_GONE_EXIT)
         self.sessions = session_factory(self.engine)
         self.holder = default_holder()
         self.dry_run = bool(options.dry_run or config.daemon.dry_run)
@@ -148,10 +194,28 @@ class Service:
 
     # ------------------------------------------------------------------ jobs
 
+    def _database_gone(self) -> bool:
+        """True (and the daemon stopping, exit code `DATABASE_GONE_EXIT`) once the SQLite
+        file was removed or
+        replaced under the running daemon: it would go on writing to the old file until
+        a new connection created an empty one in its place (no schema: every cycle then
+        failed)."""
+        why = self.db_file.changed() if self.db_file is not None else None
+        if why is None:
+            return False
+        if not self._stopping.is_set():
+            log.error("the database file %s %s while the daemon ran; stopping (exit %d) "
+                      "without writing to it again: put the file back, or create it with "
+                      "`malleable db upgrade`, and start the daemon again", self.db_file.path,
+                      why, DATABASE_GONE_EXIT)
+            self.exit_code = DATABASE_GONE_EXIT
+            self.stop()
+        return True
+
     def _run(self, fn: Callable[[], CycleReport | None], what: str) -> None:
         """Run one scheduled job; an exception is logged and the next run tries again."""
         with self._busy:
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._database_gone():
                 return
             self._cycle_since = time.monotonic()
             try:
@@ -193,7 +257,7 @@ class Service:
         longer than ``lease_timeout_s`` counts as hung: the heartbeat is withheld, so
         another daemon may take over and systemd's watchdog restarts this one.
         """
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self._database_gone():
             return
         since = self._cycle_since
         limit = self.config.daemon.lease_timeout_s
@@ -277,12 +341,16 @@ class Service:
             self.notifier.ready(f"polling every {self.config.daemon.poll_interval_s:.0f} s")
             self._schedule()
             self.scheduler.start()  # blocks until stop()
-            return 0
+            return self.exit_code
         finally:
             # A job still running in the worker thread finishes (its Slurm call and the
             # step after it are recorded) before the cleanup.
             with self._busy:
-                if not self.options.once:
+                gone = self.db_file is not None and self.db_file.changed() is not None
+                if gone:   # (a new connection would create an empty file in its place)
+                    log.error("stopped without releasing the jobs the daemon held or its "
+                              "lease: the database file is gone")
+                elif not self.options.once:
                     rpc0 = self.daemon.rpc_count()
                     try:
                         n = self.daemon.release_holds()
@@ -291,8 +359,9 @@ class Service:
                     except Exception as exc:  # the stop must complete whatever happens
                         log_failure("releasing holds on stop", exc,
                                     then="jobs the daemon held may stay held until it runs again")
-                release_lease(self.engine, self.holder)
-                log.info("stopped; lease of %s released", self.holder)
+                if not gone:
+                    release_lease(self.engine, self.holder)
+                    log.info("stopped; lease of %s released", self.holder)
                 self.engine.dispose()
 
     def _schedule(self) -> None:

@@ -235,3 +235,31 @@ def test_a_locked_database_is_one_error_line_per_failure_and_survived(slurm, tmp
     failures = [x for x in outage.splitlines() if "failed, database unavailable" in x]
     assert len(failures) >= 3, outage[-3000:]
     assert "Traceback" not in daemon.text(whole=True)
+
+
+def test_a_database_file_moved_away_stops_the_daemon_without_a_new_empty_one(slurm, tmp_path):
+    """The SQLite file moved away under a running daemon: it went on writing to the moved
+    file, then a new connection created an empty one in its place and every cycle failed
+    with "no such table" (a tester on the harness). It now stops, exit 3, saying why,
+    and leaves no file behind."""
+    config = write_config(tmp_path, poll=1, decide=2)
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    engine = make_engine(url)
+    schema.prepare_schema(engine)
+    engine.dispose()
+    daemon = DaemonProcess(config, tmp_path / "daemon.log", environ_for(slurm))
+    daemon.start()
+    try:
+        daemon.wait_log(r"decide cycle: ", timeout=30)
+        (tmp_path / "trash").mkdir()
+        for f in tmp_path.glob("m.db*"):
+            f.rename(tmp_path / "trash" / f.name)
+        daemon.wait_log(rf"the database file {tmp_path / 'm.db'} was removed \(or moved away\) "
+                        r"while the daemon ran; stopping \(exit 3\)", timeout=30)
+        assert daemon.wait_exit(timeout=60) == 3
+    finally:
+        daemon.kill()
+    assert not (tmp_path / "m.db").exists()
+    log = daemon.text()
+    assert "stopped without releasing the jobs the daemon held or its lease" in log
+    assert "Traceback" not in log and "no such table" not in log
