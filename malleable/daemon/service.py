@@ -360,8 +360,11 @@ class Service:
                         log_failure("releasing holds on stop", exc,
                                     then="jobs the daemon held may stay held until it runs again")
                 if not gone:
-                    release_lease(self.engine, self.holder)
-                    log.info("stopped; lease of %s released", self.holder)
+                    if release_lease(self.engine, self.holder):
+                        log.info("stopped; lease of %s released", self.holder)
+                    else:
+                        log.info("stopped; %s no longer held the lease (another daemon took "
+                                 "it over): left as it is", self.holder)
                 self.engine.dispose()
 
     def _schedule(self) -> None:
