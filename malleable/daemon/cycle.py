@@ -231,6 +231,7 @@ class Daemon:
         self._unread: set[int] = set()   # jobs.id of files a read left bytes in
         self._pending_writers: list[int] = []
         self._read_all = False
+        self._spool_error = ""   # why the spool could not be opened at the last ingest
         # Slurm ids the last apply left alone for want of a node with room (the level
         # of their "left alone" log line: info when new).
         self._unplaced: set[str] = set()
@@ -457,6 +458,13 @@ class Daemon:
             max_bytes_per_job=self.config.progress.max_bytes_per_job,
             max_future_s=self.config.progress.max_future_s, cursors=self.cursors,
             files=store.progress_files_of(rows))
+        if report.spool_error != self._spool_error:   # (said once, not every cycle)
+            if report.spool_error:
+                log.error("%s: no progress line is read until it can be opened (the jobs "
+                          "write there; the daemon creates it at start)", report.spool_error)
+            else:
+                log.info("spool %s readable again", self.spool.path)
+            self._spool_error = report.spool_error
         for sid, reasons in report.rejected_by_job.items():
             log.warning("rejected progress lines: %s", dict(reasons), extra={"job": sid})
         # Files with bytes left are read on until a read drains them.

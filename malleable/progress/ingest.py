@@ -100,6 +100,8 @@ class IngestReport:
         unread: ``jobs.id`` of the jobs whose file still holds bytes past where this
             call stopped (the per-call byte limit, or a line not finished yet).
         finished: ``jobs.id`` of the jobs that got a ``finished`` event in this call.
+        spool_error: why the spool directory could not be opened ("" when it was): no
+            file was read.
     """
 
     jobs_read: int = 0
@@ -111,6 +113,7 @@ class IngestReport:
     bytes_read: int = 0
     unread: set[int] = field(default_factory=set)
     finished: set[int] = field(default_factory=set)
+    spool_error: str = ""
 
 
 def _utc(t: float) -> datetime:
@@ -249,6 +252,7 @@ def ingest_progress(session: Session, jobs: Iterable[IngestJob], spool: SpoolDir
     samples: list[store.SampleIn] = []
     events: list[tuple[int, datetime, str, str]] = []
     with spool.opened() as opened:
+        report.spool_error = opened.error
         for job in jobs:
             pf = files.get(job.db_id)
             read = opened.read(job.slurm_job_id, job.uid, offset=pf["offset"] if pf else 0,

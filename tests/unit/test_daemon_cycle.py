@@ -477,6 +477,27 @@ def test_lines_of_an_ingest_that_did_not_commit_are_read_again(tmp_path):
     assert before < stored() == written()
 
 
+def test_a_spool_that_cannot_be_opened_is_logged_once(tmp_path, caplog):
+    """The spool directory removed under the daemon: no progress was read and nothing
+    said why (a tester on the harness). One error when it goes, one line when it is back."""
+    c = Cluster(tmp_path)
+    c.daemon.poll_cycle()
+    caplog.set_level(logging.INFO, logger="malleable.daemon.cycle")
+    c.spool.rename(tmp_path / "gone")
+    for _ in range(3):
+        c.advance(10)
+        c.daemon.poll_cycle()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "spool" in r.getMessage()]
+    assert said == [("ERROR", f"spool {c.spool}: No such file or directory: no progress line "
+                              "is read until it can be opened (the jobs write there; the "
+                              "daemon creates it at start)")]
+    (tmp_path / "gone").rename(c.spool)
+    c.advance(10)
+    c.daemon.poll_cycle()
+    assert [r.getMessage() for r in caplog.records if "spool" in r.getMessage()][1:] == [
+        f"spool {c.spool} readable again"]
+
+
 def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog):
     """The admin commands write only the store; the daemon logs when it takes them up."""
     c = Cluster(tmp_path)
