@@ -179,6 +179,9 @@ def check_database_url(key: str, value: str) -> str:
         raise ConfigError(f"{key} = {shown!r}: expected the SQLite file as an absolute path, "
                           f"sqlite:////ABS/PATH.db (four slashes; this one is relative to "
                           f"the working directory)")
+    if backend == "sqlite" and not in_memory and target.endswith("/"):
+        raise ConfigError(f"{key} = {shown!r}: names a directory ({target}); expected the "
+                          f"SQLite file, sqlite:////ABS/PATH.db")
     return value
 
 

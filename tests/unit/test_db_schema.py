@@ -274,6 +274,8 @@ def test_upgrade_to_base_is_older_and_points_to_downgrade(engine):
      "'rel.db' (so no file: a database in memory, lost at exit)"),
     ("sqlite://alice@/rel.db", "an SQLite URL has no host, user or port, and this one has "
      "user 'alice': expected sqlite:////ABS/PATH.db"),
+    ("sqlite:////", "names a directory (/); expected the SQLite file"),
+    ("sqlite:////tmp/x/", "names a directory (/tmp/x/); expected the SQLite file"),
     # (mode=ro without uri=true made a file named 'c.db?mode=ro', mode 0644; timeout=abc
     # was a traceback)
     ("sqlite:////tmp/x/c.db?mode=ro&uri=true", "query parameters (?mode=ro&uri=true) are "
