@@ -460,7 +460,8 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
             vcs.add(row["vc"])
         if s != seed or (vc is not None and row["vc"] != vc):
             continue
-        name = f"{row['vc']}-{row['line_no'].strip()}"
+        no = _int(path, line, "line_no", row["line_no"])
+        name = f"{row['vc']}-{no}"   # (by the number: 1, 01 and 1.0 are one job)
         if name in seen:
             raise TraceError(path, line, "line_no", row["line_no"],
                              f"job {name} of seed {s} already on line {seen[name]}")
@@ -470,7 +471,6 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
             raise TraceError(path, line, "job_type", row["job_type"], "empty")
         m = _GAVEL_TYPE.match(job_type)
         model, batch = (m.group("model"), int(m.group("bs"))) if m else (job_type, None)
-        no = _int(path, line, "line_no", row["line_no"])
         jobs.append(TraceJob(
             name=f"{row['vc']}-{no}",
             arrival_s=_float(path, line, "arrival_time_s", row["arrival_time_s"]),
