@@ -289,7 +289,7 @@ class Daemon:
                 self._ingest_rolled_back()
             raise
         self._rows_at = now
-        if ingest and not skipped:
+        if ingest and not skipped and not self._spool_error:
             self._read_all = True   # (committed: what a full read saw is stored)
         self.observed = {j.job_id: j for j in jobs}
         self.poll_ok = True
@@ -416,7 +416,7 @@ class Daemon:
         except BaseException:
             self._ingest_rolled_back()
             raise
-        if not full:
+        if not full and not self._spool_error:   # (a spool not opened read nothing)
             self._read_all = True   # (committed)
         return report
 
@@ -465,6 +465,10 @@ class Daemon:
             else:
                 log.info("spool %s readable again", self.spool.path)
             self._spool_error = report.spool_error
+        if report.spool_error:
+            # Nothing was read: once the spool opens again, every file is (the lines of
+            # a job that wrote meanwhile and then stopped are not left until its next event).
+            self._read_all = False
         for sid, reasons in report.rejected_by_job.items():
             log.warning("rejected progress lines: %s", dict(reasons), extra={"job": sid})
         # Files with bytes left are read on until a read drains them.

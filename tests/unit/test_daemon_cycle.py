@@ -491,11 +491,13 @@ def test_a_spool_that_cannot_be_opened_is_logged_once(tmp_path, caplog):
     assert said == [("ERROR", f"spool {c.spool}: No such file or directory: no progress line "
                               "is read until it can be opened (the jobs write there; the "
                               "daemon creates it at start)")]
+    assert not c.daemon._read_all   # (every file is read once the spool is back)
     (tmp_path / "gone").rename(c.spool)
     c.advance(10)
     c.daemon.poll_cycle()
     assert [r.getMessage() for r in caplog.records if "spool" in r.getMessage()][1:] == [
         f"spool {c.spool} readable again"]
+    assert c.daemon._read_all
 
 
 def test_pause_resume_and_policy_changes_are_in_the_daemon_log(tmp_path, caplog):
