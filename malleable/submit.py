@@ -605,7 +605,9 @@ def check_capacity(spec: MalleableSpec, cluster: ClusterInfo) -> str | None:
         the cluster has), else None; None too when the cluster's size is unknown.
 
     Raises:
-        SubmitError: ``min_gpus`` exceeds the cluster: the job could never start.
+        SubmitError: ``min_gpus``, or the fewest GPUs that hold the initial batch at the
+            per-GPU limit (`MalleableSpec.smallest_usable_gpus`), exceeds the cluster:
+            the job could never start.
     """
     total = cluster.nodes * cluster.gpus_per_node
     if total <= 0:
@@ -614,6 +616,11 @@ def check_capacity(spec: MalleableSpec, cluster: ClusterInfo) -> str | None:
     if spec.min_gpus > total:
         raise SubmitError(f"gpus={spec.min_gpus}-{spec.max_gpus}: the minimum exceeds the "
                           f"cluster's {shape}; the job could never start")
+    need = spec.smallest_usable_gpus()
+    if need > total:
+        raise SubmitError(f"batch={spec.batch_size} at max_local_batch="
+                          f"{spec.max_local_batch_size} per GPU needs at least {need} GPUs, "
+                          f"more than the cluster's {shape}; the job could never start")
     if spec.max_gpus > total:
         return (f"gpus={spec.min_gpus}-{spec.max_gpus}: the cluster has {shape}; the job "
                 f"will run on at most {total}")

@@ -160,6 +160,13 @@ def test_capacity_check_warns_above_the_cluster_and_refuses_a_minimum_above_it()
     with pytest.raises(SubmitError, match=r"gpus=32-64: the minimum exceeds the cluster's 16 "
                                           r"GPUs \(4 nodes x 4\); the job could never start"):
         check_capacity(parse_spec("malleable:gpus=32-64"), cluster)
+    # A batch only more GPUs than the cluster has can hold (it was submitted on 16 nodes
+    # and pended for ever, PartitionNodeLimit; a tester).
+    with pytest.raises(SubmitError, match=r"^batch=64 at max_local_batch=1 per GPU needs at "
+                                          r"least 64 GPUs, more than the cluster's 16 GPUs"):
+        check_capacity(parse_spec("malleable:gpus=1-64,batch=64,max_local_batch=1"), cluster)
+    assert check_capacity(parse_spec("malleable:gpus=1-64,batch=64,max_local_batch=4"),
+                          cluster).startswith("gpus=1-64: the cluster has 16 GPUs")
     unknown = ClusterInfo(version="22.05.8", version_tuple=(22, 5, 8), gpus_per_node=4)
     assert check_capacity(parse_spec("malleable:gpus=1-1000"), unknown) is None
 
