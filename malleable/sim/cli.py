@@ -576,23 +576,51 @@ def _check_out(out_dir: str) -> None:
 
 
 def _check_run_dirs(specs: Sequence, out_dir: str) -> None:
-    """Check, before any run, that each run's folder (`sweep.RunSpec.run_dir`:
-    ``<out>/<workload>/<policy>/seed<N>``) can be made and written: a file in its way, or a folder the user may not write, used
-    to fail that run when it ended, and the sweep with it (exit 1).
+    """Check, before any run, that every folder and file a sweep writes can be made and
+    written: each run's folder (`sweep.RunSpec.run_dir`:
+    ``<out>/<workload>/<policy>/seed<N>``) with its summary.json, jobs.csv, timing.json
+    and plots/, and the comparison's files. A file or folder in the way, or one the user
+    may not write, used to fail that run when it ended, and the sweep with it (exit 1).
 
     Raises:
-        click.exceptions.Exit: (exit 2) naming the run and the path in the way.
+        click.exceptions.Exit: (exit 2) naming the run (or the comparison) and the path.
     """
-    for spec in specs:
-        d = spec.run_dir
-        p = next((q for q in (d, *d.parents) if q.exists() or q.is_symlink()), d)
+    from malleable.sim import sweep
+
+    eff = os.access in os.supports_effective_ids
+
+    def writable(p: Path) -> bool:
+        return os.access(p, os.W_OK | os.X_OK if p.is_dir() else os.W_OK, effective_ids=eff)
+
+    def check(what: str, folder: Path, files: Sequence[str]) -> None:
+        p = next((q for q in (folder, *folder.parents) if q.exists() or q.is_symlink()),
+                 folder)
         if not p.is_dir():
-            raise _fail(f"--out {out_dir}: run {spec.run_id}: {p} exists and is not a "
-                        "directory (move it, or give another --out)")
-        if not os.access(p, os.W_OK | os.X_OK, effective_ids=os.access in
-                         os.supports_effective_ids):
-            raise _fail(f"--out {out_dir}: run {spec.run_id}: cannot write in {p} (not "
-                        "writable by this user)")
+            raise _fail(f"--out {out_dir}: {what}: {p} exists and is not a directory (move "
+                        "it, or give another --out)")
+        if not writable(p):
+            raise _fail(f"--out {out_dir}: {what}: cannot write in {p} (not writable by "
+                        "this user)")
+        for name in files:
+            f = folder / name
+            if f.is_dir() and not name.endswith("/"):
+                raise _fail(f"--out {out_dir}: {what}: {f} is a directory where a file goes "
+                            "(move it, or give another --out)")
+            if name.endswith("/") and (f.exists() or f.is_symlink()) and not f.is_dir():
+                raise _fail(f"--out {out_dir}: {what}: {f} exists and is not a directory "
+                            "(move it, or give another --out)")
+            if f.exists() and not writable(f):
+                raise _fail(f"--out {out_dir}: {what}: cannot write {f} (not writable by "
+                            "this user)")
+
+    plots = [f"plots/{n}" for n in sweep.PLOT_FILES]
+    for spec in specs:
+        check(f"run {spec.run_id}", spec.run_dir,
+              [sweep.SUMMARY, "jobs.csv", "timing.json", "plots/", *plots])
+    out = Path(out_dir)
+    check("the comparison", out, ["comparison.json", "jct_cdf.png"])
+    for name in sorted({spec.name for spec in specs}):
+        check("the comparison", out / name, ["jct_cdf.png"])
 
 
 def _common_args(policy_params, nodes, gpn, interval, restart_cost, fmt, load_scale, window_days, map_models,

@@ -222,7 +222,7 @@ def _run_summary(spec: RunSpec, result: SimResult) -> dict:
     return {**spec.metadata(), **result.summary}
 
 
-_PLOTS = ("jct_cdf.png", "gpus_per_job.png", "utilization.png")
+PLOT_FILES = ("jct_cdf.png", "gpus_per_job.png", "utilization.png")   # in <run>/plots/
 
 
 def write_run(spec: RunSpec, result: SimResult) -> Path:
@@ -242,7 +242,7 @@ def write_run(spec: RunSpec, result: SimResult) -> Path:
     (d / "timing.json").write_text(json.dumps(timing, indent=2, sort_keys=True) + "\n",
                                    encoding="utf-8")
     pd = d / "plots"
-    for name in _PLOTS:   # an earlier run's plots in this folder are not this run's
+    for name in PLOT_FILES:   # an earlier run's plots in this folder are not this run's
         (pd / name).unlink(missing_ok=True)
     if spec.plots:
         from malleable.sim import plots

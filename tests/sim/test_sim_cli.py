@@ -355,6 +355,22 @@ def test_a_run_folder_that_cannot_be_written_is_refused_before_any_run(tmp_path,
                                   f"tiny/static/seed0: {out}/tiny/static/seed0 exists and is "
                                   "not a directory (move it, or give another --out)")
     assert not (out / "tiny" / "las").exists()   # no run ran
+    # A folder where one of a run's files, or the comparison, goes (Errno 21, exit 1).
+    (out / "tiny" / "static" / "seed0").unlink()
+    (out / "tiny" / "static" / "seed0" / "jobs.csv").mkdir(parents=True)
+    res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "2",
+                   "--no-plots", "--out", str(out))
+    assert res.exit_code == 2 and res.stderr.strip() == (
+        f"malleable simulate: error: --out {out}: run tiny/static/seed0: {out}/tiny/static/"
+        "seed0/jobs.csv is a directory where a file goes (move it, or give another --out)")
+    (out / "tiny" / "static" / "seed0" / "jobs.csv").rmdir()
+    (out / "comparison.json").mkdir()
+    res = simulate("--workload", str(workload), "--policy", "las,static", "--nodes", "2",
+                   "--no-plots", "--out", str(out))
+    assert res.exit_code == 2 and res.stderr.strip() == (
+        f"malleable simulate: error: --out {out}: the comparison: {out}/comparison.json is a "
+        "directory where a file goes (move it, or give another --out)")
+    assert not (out / "tiny" / "las").exists()
     # A folder the user may not write (root may write any: the command runs as nobody).
     base = Path(tempfile.mkdtemp(prefix="malleable-sim-out-", dir="/tmp"))
     try:
