@@ -250,7 +250,9 @@ _START = re.compile(r"(?:^|(?<=[\s\"'(\[{|;,]))malleable:", re.IGNORECASE)
 _FIELD = re.compile(r"\s*([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
 _SEP = re.compile(r"\s*[,;]")
 # A key=value word anywhere after the spec (preceded by a blank).
-_LOOSE_FIELD = re.compile(r"(?<=[\s,;])([A-Za-z_]+)=([^\s,;=\"'()\[\]{}|]+)")
+# A key=value after the spec's end, also spelled with '-' in the key or blanks around '='.
+_LOOSE_FIELD = re.compile(r"(?<=[\s,;])([A-Za-z_][A-Za-z_-]*)[ \t]*=[ \t]*"
+                          r"([^\s,;=\"'()\[\]{}|]+)")
 _EMPTY_FIELD = re.compile(r"\s*[,;]\s*[,;]")
 _INT = re.compile(r"[+-]?[0-9]+")   # a sign is read, so that -5 is refused as out of range
 _SECONDS = re.compile(r"((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)([smh]?)", re.IGNORECASE)
@@ -470,6 +472,12 @@ def _refuse_split_spec(text: str, start: int, end: int) -> None:
     ("gpus=1-8 step=4", "gpus=1-8 nightly step=4", "gpus=1-8,,step=4"): the spec ends
     there, so the field would be dropped without a word. Other text after the spec is
     the comment's own."""
+    if text[end:end + 1] == "=":
+        last = text[start + len(PREFIX):end].rsplit(",", 1)[-1].rsplit(";", 1)[-1].strip()
+        key = last.split("=", 1)[0]
+        raise SpecError(f"malleable spec: {last}{text[end:end + 20].split(',')[0]}: a second "
+                        f"'=' after the value of {key} (one value per key)",
+                        field=_ALIASES.get(key.lower(), key.lower()), value=last)
     if text[end:end + 1].isspace():
         cut = "a blank"
     elif _EMPTY_FIELD.match(text, end):
@@ -477,12 +485,13 @@ def _refuse_split_spec(text: str, start: int, end: int) -> None:
     else:
         cut = "the spec's end"
     for lost in _LOOSE_FIELD.finditer(text, end):
-        key = lost.group(1)
-        if _ALIASES.get(key.lower(), key.lower()) in KNOWN_KEYS:
-            raise SpecError(f"malleable spec: {key}={lost.group(2)}: after {cut}, outside "
-                            f"the spec (separate its fields by single commas, e.g. "
-                            f"{text[start:end]},{key}={lost.group(2)})",
-                            field=key.lower(), value=lost.group(2))
+        key, value = lost.group(1), lost.group(2)
+        norm = key.lower().replace("-", "_")
+        if _ALIASES.get(norm, norm) in KNOWN_KEYS:
+            raise SpecError(f"malleable spec: {lost.group(0)}: after {cut}, outside the spec "
+                            f"(separate its fields by single commas, keys with '_' and no "
+                            f"blank around '=', e.g. {text[start:end]},{norm}={value})",
+                            field=norm, value=value)
 
 
 def spec_fields(text: str) -> list[tuple[str, str]]:

@@ -379,6 +379,11 @@ def test_a_field_of_ours_after_a_blank_is_refused_not_dropped(text, field):
     ("malleable:gpus=1-8;;step=4", "an empty field (two separators in a row)"),
     ("malleable:gpus=1-8, ,batch=64", "an empty field (two separators in a row)"),
     ("malleable:gpus=1-8,(x),step=4", "the spec's end"),
+    # A key spelled with '-', or a blank around '=': the spec ended before it (a tester).
+    ("malleable:gpus=1-8,step=4,max-local-batch=4", "the spec's end"),
+    ("malleable:gpus=1-8,step =4", "the spec's end"),
+    ("malleable:gpus=1-8,step= 4", "the spec's end"),
+    ("malleable:gpus=1-8 max-batch=4", "a blank"),
     ("malleable:gpus=1-8 nightly,step=4", "a blank"),
 ])
 def test_a_field_of_ours_after_an_empty_field_is_refused_not_dropped(text, cut):
@@ -386,6 +391,15 @@ def test_a_field_of_ours_after_an_empty_field_is_refused_not_dropped(text, cut):
     field and step and batch were lost without a word (a new-user tester)."""
     with pytest.raises(SpecError, match=re.escape(f"after {cut}, outside the spec")):
         parse_spec(text)
+
+
+def test_a_second_equals_sign_in_a_value_is_refused():
+    """gpus=1-8,batch=64=128 parsed as batch=64 (the spec ended at the second '=')."""
+    with pytest.raises(SpecError, match=r"^malleable spec: batch=64=128: a second '=' after "
+                                        r"the value of batch \(one value per key\)$") as info:
+        parse_spec("malleable:gpus=1-8,batch=64=128")
+    assert info.value.field == "batch"
+    assert parse_spec("malleable:gpus=1-8 owner = alice").max_gpus == 8   # not ours
 
 
 @pytest.mark.parametrize("text", ["malleable:gpus=1-8 owner=alice", "malleable:gpus=1-8 (step=4)",
