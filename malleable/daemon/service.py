@@ -45,10 +45,11 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy.exc import DBAPIError
 
 from malleable.config import Config, check_policy, load_config
-from malleable.daemon.cycle import CycleReport, Daemon
+from malleable.daemon.cycle import CycleReport, Daemon, spec_as_dict
+from malleable.daemon.logs import job_logger
 from malleable.daemon.systemd import Notifier
 from malleable.daemon.testhook import crash_points_from_env
-from malleable.db import schema
+from malleable.db import schema, store
 from malleable.db.engine import engine_from_config, session_factory
 from malleable.db.errors import DatabaseUnavailable, StoreError
 from malleable.db.lease import (
@@ -174,6 +175,7 @@ class Service:
         self.db_file = DatabaseFile.of(self.engine)
         self.exit_code = 0   # what `start` returns after a stop (DATABASE_GONE_EXIT)
         self.sessions = session_factory(self.engine)
+        self._reparse_specs()
         self.holder = default_holder()
         self.dry_run = bool(options.dry_run or config.daemon.dry_run)
         self._stopping = threading.Event()
@@ -193,6 +195,15 @@ class Service:
         self._cycle_since: float | None = None
 
     # ------------------------------------------------------------------ jobs
+
+    def _reparse_specs(self) -> None:
+        """Read the active jobs' specs again under this version's rules (`store.reparse_specs`):
+        a spec an older malleable accepted and this one refuses leaves its job rigid."""
+        with self.sessions() as s, s.begin():
+            invalid = store.reparse_specs(s, spec_as_dict)
+        for sid, error in invalid.items():
+            job_logger(log, sid).warning("invalid malleable spec under this version's rules, "
+                                         "left to Slurm as a rigid job: %s", error)
 
     def _database_gone(self) -> bool:
         """True (and the daemon stopping, exit code `DATABASE_GONE_EXIT`) once the SQLite

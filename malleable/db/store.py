@@ -481,6 +481,32 @@ def active_jobs(session: Session, *, malleable: bool | None = None) -> list[Job]
     return list(session.scalars(q.order_by(Job.id)))
 
 
+def reparse_specs(session: Session, parse_spec: SpecParser) -> dict[str, str]:
+    """Parse the comment of every active job again with ``parse_spec`` and store the
+    result where it differs from the stored one (``spec``, ``spec_error``, ``malleable``).
+
+    The poll parses a comment only when it is new or changed, so a spec stored by an
+    older malleable keeps that version's reading; the daemon calls this at start, so
+    that stricter rules (batch=2**63-1, no size that holds the batch) hold for the jobs
+    it finds too.
+
+    Returns:
+        Slurm job id -> error, for the jobs whose spec is invalid now and was not.
+    """
+    newly_invalid: dict[str, str] = {}
+    for job in active_jobs(session):
+        if not job.spec_text:
+            continue
+        spec, error = _parse(job.spec_text, parse_spec)
+        if (spec, error) == (job.spec, job.spec_error):
+            continue
+        if error and not job.spec_error:
+            newly_invalid[job.slurm_job_id] = error
+        job.spec, job.spec_error, job.malleable = spec, error, spec is not None
+    session.flush()
+    return newly_invalid
+
+
 def add_job_event(session: Session, job_id: int, time: datetime, kind: str,
                   detail: str | None = None) -> JobEvent:
     """Record a job-reported event (e.g. kind "checkpointed" from its progress file)."""

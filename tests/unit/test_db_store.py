@@ -526,3 +526,29 @@ def test_a_finished_job_slurm_requeues_keeps_its_row(Session):
         assert store.upsert_jobs(s, [sj("7", JobState.FAILED, submit_time=T0)], T1).ids["7"] \
             == same
     assert again == first
+
+
+def test_reparse_specs_applies_this_versions_rules_to_stored_specs(Session):
+    """A spec stored by an older malleable (batch=2**63-1, accepted then) kept that
+    version's reading: the poll parses a comment only when it changes. The daemon now
+    parses every active job's comment again at start."""
+    from malleable.daemon.cycle import spec_as_dict
+    from malleable.db.models import Job
+
+    big = "malleable:gpus=1-4,batch=9223372036854775807"
+    ok = "malleable:gpus=1-4,batch=64"
+    old = {"min_gpus": 1, "max_gpus": 4, "batch_size": 2**63 - 1}   # the old reading
+    with Session() as s, s.begin():
+        store.upsert_jobs(s, [SlurmJob(job_id=i, job_id_num=int(i), comment=c,
+                                       state=JobState.RUNNING)
+                              for i, c in (("1", big), ("2", ok))], T0,
+                          parse_spec=lambda c: old if c == big else spec_as_dict(c))
+    with Session() as s, s.begin():
+        invalid = store.reparse_specs(s, spec_as_dict)
+    assert list(invalid) == ["1"] and "batch=9223372036854775807: too large" in invalid["1"]
+    with Session() as s:
+        one, two = s.scalars(select(Job).order_by(Job.id))
+        assert (one.malleable, one.spec, one.spec_error) == (False, None, invalid["1"])
+        assert two.malleable and two.spec["batch_size"] == 64 and two.spec_error is None
+    with Session() as s, s.begin():
+        assert store.reparse_specs(s, spec_as_dict) == {}   # nothing new the second time
