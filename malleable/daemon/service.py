@@ -134,6 +134,88 @@ class DatabaseFile:
             return "was replaced by another file"
         return None
 
+    def save_gone(self, stamp: str) -> str:
+        """After the file went (`changed`): save what this process still holds open of
+        it, and remove its stale companions at the path.
+
+        SQLite keeps the newest writes in the write-ahead log beside the path
+        (``<path>-wal``) until a checkpoint, which a connection to a moved or deleted file
+        can no longer make; so the moved file lacks them, and a file put in its place
+        is corrupted by that log when it is next opened. The old file and its log, read
+        through this process's open descriptors (``/proc/self/fd``), are copied to
+        ``<path>.gone-<stamp>`` and ``<path>.gone-<stamp>-wal`` (0600; opened as a
+        database, the pair is the store as the daemon last had it); then ``<path>-wal``
+        and ``<path>-shm`` are removed if they are the ones this process has open.
+
+        Args:
+            stamp: names the copy (e.g. a UTC time, ``20261205T080000Z``).
+
+        Returns:
+            One sentence for the log: what was saved and removed, or why not.
+        """
+        try:
+            files = _open_files()
+            db = next((f for f in files if (f.dev, f.ino) == (self.dev, self.ino)), None)
+            if db is None:
+                return "this process no longer holds the old file open: nothing was saved"
+            # The log is named after the path the file was opened by (moved together with
+            # the file, it is named after the file's new path).
+            names = {db.name.removesuffix(" (deleted)") + "-wal", self.path + "-wal"}
+            wal = next((f for f in files if f.name.removesuffix(" (deleted)") in names), None)
+            target = f"{self.path}.gone-{stamp}"
+            _copy_private(db.proc, target)
+            if wal is not None:
+                _copy_private(wal.proc, target + "-wal")
+            removed = []
+            for suffix in ("-wal", "-shm"):
+                try:
+                    st = os.stat(self.path + suffix)
+                except OSError:
+                    continue
+                if any((f.dev, f.ino) == (st.st_dev, st.st_ino) for f in files):
+                    os.unlink(self.path + suffix)
+                    removed.append(self.path + suffix)
+        except OSError as exc:
+            return f"saving the old file failed ({exc.strerror or exc})"
+        said = f"the database as this daemon last had it is saved as {target}"
+        if wal is not None:
+            said += f" with its write-ahead log {target}-wal (open it as a database)"
+        if removed:
+            said += (f"; the old file's {' and '.join(removed)} removed, so that a file put "
+                     "in its place does not replay them")
+        return said
+
+
+@dataclass(frozen=True)
+class _OpenFile:
+    proc: str    # /proc/self/fd/N
+    name: str    # where it points ("... (deleted)" for a removed file)
+    dev: int
+    ino: int
+
+
+def _open_files() -> list[_OpenFile]:
+    """This process's open files (Linux ``/proc/self/fd``)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        proc = f"/proc/self/fd/{fd}"
+        try:
+            st = os.stat(proc)
+            name = os.readlink(proc)
+        except OSError:
+            continue
+        out.append(_OpenFile(proc, name, st.st_dev, st.st_ino))
+    return out
+
+
+def _copy_private(src: str, dst: str) -> None:
+    """Copy ``src`` to a new file ``dst`` of mode 0600 (never over an existing one)."""
+    import shutil
+
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+        shutil.copyfileobj(fin, fout)
+
 @dataclass
 class ServiceOptions:
     """How ``malleable daemon`` was started.
@@ -216,9 +298,8 @@ class Service:
             return False
         if not self._stopping.is_set():
             log.error("the database file %s %s while the daemon ran; stopping (exit %d) "
-                      "without writing to it again: put the file back, or create it with "
-                      "`malleable db upgrade`, and start the daemon again", self.db_file.path,
-                      why, DATABASE_GONE_EXIT)
+                      "without writing to it again (what it held is saved beside it as it "
+                      "stops)", self.db_file.path, why, DATABASE_GONE_EXIT)
             self.exit_code = DATABASE_GONE_EXIT
             self.stop()
         return True
@@ -359,8 +440,9 @@ class Service:
             with self._busy:
                 gone = self.db_file is not None and self.db_file.changed() is not None
                 if gone:   # (a new connection would create an empty file in its place)
+                    saved = self.db_file.save_gone(utcnow().strftime("%Y%m%dT%H%M%SZ"))
                     log.error("stopped without releasing the jobs the daemon held or its "
-                              "lease: the database file is gone")
+                              "lease: the database file is gone; %s", saved)
                 elif not self.options.once:
                     rpc0 = self.daemon.rpc_count()
                     try:

@@ -262,4 +262,13 @@ def test_a_database_file_moved_away_stops_the_daemon_without_a_new_empty_one(slu
     assert not (tmp_path / "m.db").exists()
     log = daemon.text()
     assert "stopped without releasing the jobs the daemon held or its lease" in log
+    # What it held is saved beside the path, as a database with its log.
+    (gone,) = tmp_path.glob("m.db.gone-*[0-9]Z")
+    assert f"the database as this daemon last had it is saved as {gone}" in log
+    engine = make_engine(f"sqlite:///{gone}", create=False)
+    try:
+        with session_factory(engine)() as s:
+            assert s.scalar(select(Lease.holder)) is not None   # as the daemon left it
+    finally:
+        engine.dispose()
     assert "Traceback" not in log and "no such table" not in log
