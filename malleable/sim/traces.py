@@ -456,12 +456,13 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
     for line, row in _csv_rows(path, need):
         s = _int(path, line, "seed", row["seed"])
         seeds.add(s)
+        row_vc = row["vc"].strip()   # (" a" and "a" are one VC)
         if s == seed:
-            vcs.add(row["vc"])
-        if s != seed or (vc is not None and row["vc"] != vc):
+            vcs.add(row_vc)
+        if s != seed or (vc is not None and row_vc != vc):
             continue
         no = _int(path, line, "line_no", row["line_no"])
-        name = f"{row['vc']}-{no}"   # (by the number: 1, 01 and 1.0 are one job)
+        name = f"{row_vc}-{no}"   # (by the number: 1, 01 and 1.0 are one job)
         if name in seen:
             raise TraceError(path, line, "line_no", row["line_no"],
                              f"job {name} of seed {s} already on line {seen[name]}")
@@ -472,12 +473,12 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
         m = _GAVEL_TYPE.match(job_type)
         model, batch = (m.group("model"), int(m.group("bs"))) if m else (job_type, None)
         jobs.append(TraceJob(
-            name=f"{row['vc']}-{no}",
+            name=name,
             arrival_s=_float(path, line, "arrival_time_s", row["arrival_time_s"]),
             gpus=_int(path, line, "scale_factor", row["scale_factor"], lo=1),
             model=model, batch_size=batch,
             total_steps=_int(path, line, "total_steps", row["total_steps"], lo=1),
-            group=row["vc"]))
+            group=row_vc))
     if not jobs and seeds:
         if seed not in seeds:
             raise TraceError(path, 0, "seed", seed,
@@ -792,7 +793,7 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
             continue
         if end < start:
             raise TraceError(path, 0, f"{where}.time.end", t.get("end"),
-                             f"before {where}.time.start ({start:g})")
+                             f"before {where}.time.start ({start:.0f})")
         elapsed = t.get("elapsed")
         duration = _json_number(path, where, f"{where}.time.elapsed", elapsed) \
             if elapsed is not None else None

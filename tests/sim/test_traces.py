@@ -328,6 +328,11 @@ def test_gavel_refuses_a_malformed_row(tmp_path):
     with pytest.raises(TraceError, match=r"g.csv.gz:3: field line_no='01': job v-1 of seed 0 "
                                          r"already on line 2"):
         load_gavel(f)
+    with gzip.open(f, "wt") as fh:   # " v" and "v" are one VC
+        fh.write(head + "0,v,1,LM (batch size 5),-n,1,100,0.0,1\n"
+                 "0, v,1,LM (batch size 5),-n,1,100,12.5,2\n")
+    with pytest.raises(TraceError, match=r"g.csv.gz:3: field line_no='1': job v-1 of seed 0 "):
+        load_gavel(f)
 
 
 GAVEL_HEAD = ("seed,vc,line_no,job_type,num_steps_arg,needs_data_dir,total_steps,"
