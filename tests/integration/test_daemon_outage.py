@@ -196,6 +196,24 @@ def test_sigterm_while_slurm_does_not_answer_at_start_stops_the_daemon(tmp_path)
         st.close()
 
 
+def _fast_daemon(slurm, tmp_path: Path, database: str = "") -> DaemonProcess:
+    """A daemon polling every second on a new database in ``tmp_path`` (``database``: more
+    lines for its [database] table), started and past its first decision."""
+    config = write_config(tmp_path, poll=1, decide=2)
+    config.write_text(config.read_text().replace("[database]\n", "[database]\n" + database, 1))
+    engine = make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    schema.prepare_schema(engine)
+    engine.dispose()
+    daemon = DaemonProcess(config, tmp_path / "daemon.log", environ_for(slurm))
+    daemon.start()
+    try:
+        daemon.wait_log(r"decide cycle: ", timeout=30)
+    except BaseException:
+        daemon.kill()
+        raise
+    return daemon
+
+
 def test_a_locked_database_is_one_error_line_per_failure_and_survived(slurm, tmp_path):
     """Another process holds the database's write lock past busy_timeout: every cycle and
     heartbeat failed with a 40-line traceback (44 in 30 s, a tester on the harness); each
@@ -203,17 +221,8 @@ def test_a_locked_database_is_one_error_line_per_failure_and_survived(slurm, tmp
     once the lock is released."""
     import sqlite3
 
-    config = write_config(tmp_path, poll=1, decide=2)
-    config.write_text(config.read_text().replace("[database]\n",
-                                                 "[database]\nbusy_timeout_ms = 200\n", 1))
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    engine = make_engine(url)
-    schema.prepare_schema(engine)
-    engine.dispose()
-    daemon = DaemonProcess(config, tmp_path / "daemon.log", environ_for(slurm))
-    daemon.start()
+    daemon = _fast_daemon(slurm, tmp_path, "busy_timeout_ms = 200\n")
     try:
-        daemon.wait_log(r"decide cycle: ", timeout=30)
         mark = daemon.size()
         lock = sqlite3.connect(tmp_path / "m.db", timeout=5)
         lock.execute("BEGIN IMMEDIATE")
@@ -242,15 +251,8 @@ def test_a_database_file_moved_away_stops_the_daemon_without_a_new_empty_one(slu
     file, then a new connection created an empty one in its place and every cycle failed
     with "no such table" (a tester on the harness). It now stops, exit 3, saying why,
     and leaves no file behind."""
-    config = write_config(tmp_path, poll=1, decide=2)
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    engine = make_engine(url)
-    schema.prepare_schema(engine)
-    engine.dispose()
-    daemon = DaemonProcess(config, tmp_path / "daemon.log", environ_for(slurm))
-    daemon.start()
+    daemon = _fast_daemon(slurm, tmp_path)
     try:
-        daemon.wait_log(r"decide cycle: ", timeout=30)
         (tmp_path / "trash").mkdir()
         for f in tmp_path.glob("m.db*"):
             f.rename(tmp_path / "trash" / f.name)
