@@ -14,8 +14,8 @@ does what ``sbatch`` does, plus what the job contract needs (DESIGN.md section 5
   truncate the output);
 * the GPU request for the initial size (``--initial-gpus``, default the minimum
   of the range, or the smallest size that holds the initial batch at the per-GPU
-  limit when the minimum does not): one node with k GPUs when k fits on a node, else k/g whole
-  nodes of g GPUs (g from the cluster);
+  limit when the minimum does not): one node with k GPUs when k fits on a node,
+  else k/g whole nodes of g GPUs (g from the cluster);
 * the job's environment gets MALLEABLE_SIGNAL (the spec's signal),
   MALLEABLE_BATCH_SIZE (the spec's batch, if any) and MALLEABLE_SPOOL (the
   configured spool), which `Reporter.from_env` reads.

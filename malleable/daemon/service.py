@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -94,7 +95,6 @@ def log_failure(what: str, exc: Exception,
         log.error("%s failed, database unavailable: %s; %s", what, exc, then)
     else:
         log.exception("%s failed (%s); %s", what, exc, then)
-
 
 
 @dataclass(frozen=True)
@@ -210,11 +210,10 @@ def _open_files() -> list[_OpenFile]:
 
 def _copy_private(src: str, dst: str) -> None:
     """Copy ``src`` to a new file ``dst`` of mode 0600 (never over an existing one)."""
-    import shutil
-
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
         shutil.copyfileobj(fin, fout)
+
 
 @dataclass
 class ServiceOptions:
@@ -289,10 +288,9 @@ class Service:
 
     def _database_gone(self) -> bool:
         """True (and the daemon stopping, exit code `DATABASE_GONE_EXIT`) once the SQLite
-        file was removed or
-        replaced under the running daemon: it would go on writing to the old file until
-        a new connection created an empty one in its place (no schema: every cycle then
-        failed)."""
+        file was removed or replaced under the running daemon: it would go on writing to
+        the old file until a new connection created an empty one in its place (no
+        schema: every cycle then failed)."""
         why = self.db_file.changed() if self.db_file is not None else None
         if why is None:
             return False

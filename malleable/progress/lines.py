@@ -227,11 +227,11 @@ def _check_fields(doc: dict, *, now: float, max_future_s: float,
 
 RESTART_SLACK = 1
 """A line may carry a restart count this much above Slurm's as last polled: a job
-requeued and started again between the daemon's poll and its read of the file (and the job-side
-`malleable report` judges a file's earlier lines by its own run's count plus this). A
-line above that (a job that writes a wrong count, e.g. its own attempt counter) is
-rejected; accepted, it would have made every later line of the job's real run
-``stale_restart``."""
+requeued and started again between the daemon's poll and its read of the file (the
+job-side `malleable report` judges a file's earlier lines by its own run's count plus
+this). A line above that (a job that writes a wrong count, e.g. its own attempt
+counter) is rejected; accepted, it would have made every later line of the job's real
+run ``stale_restart``."""
 
 
 def check_order(record: ProgressRecord, last: Cursor | None, *,
