@@ -268,6 +268,14 @@ class Store:
                              .where(Target.decision_id == decision_id))
             return dict(rows.all())
 
+    def target_reasons(self, decision_id: int) -> dict[str, str]:
+        """Each job's target reason in the decision (what the policy or hysteresis said)."""
+        with self.sessions() as s:
+            rows = s.execute(select(Job.slurm_job_id, Target.reason)
+                             .join(Job, Job.id == Target.job_id)
+                             .where(Target.decision_id == decision_id))
+            return dict(rows.all())
+
     def events(self, slurm_id: str, kind: str | None = None) -> list[dict]:
         with self.sessions() as s:
             q = (select(JobEvent).join(Job, Job.id == JobEvent.job_id)
