@@ -131,8 +131,10 @@ def check_database_url(key: str, value: str) -> str:
     Accepted: an SQLAlchemy URL whose backend is one of `SUPPORTED_DATABASE_BACKENDS`;
     for SQLite, the database file as an absolute path (``sqlite:////ABS/PATH``, four
     slashes, no query parameters, no host, user or port: ``sqlite://rel.db`` names host
-    ``rel.db`` and a database in memory) or in memory (``sqlite://``); never a NUL byte. A
-    password never appears in the message.
+    ``rel.db`` and a database in memory; not a directory, not an SQLite URI ``file:``
+    name) or in memory (``sqlite://``, which `engine_from_config` refuses where the
+    store must outlive the process); never a NUL byte, and no control character in the
+    percent-decoded database name. A password never appears in the message.
 
     Raises:
         ConfigError: ``KEY = URL: expected ...`` (one line).
@@ -171,16 +173,29 @@ def check_database_url(key: str, value: str) -> str:
         memory = " (so no file: a database in memory, lost at exit)" if not u.database else ""
         raise ConfigError(f"{key} = {shown!r}: an SQLite URL has no host, user or port, and "
                           f"this one has {part}{memory}: expected sqlite:////ABS/PATH.db "
-                          f"(four slashes), or sqlite:// for a database in memory on purpose")
+                          f"(four slashes)")
     db = u.database or ""
-    target = db[len("file:"):] if db.startswith("file:") else db
-    in_memory = target in ("", ":memory:") or u.query.get("mode") == "memory"
-    if backend == "sqlite" and not in_memory and not os.path.isabs(target):
+    bad = next((c for c in db if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        # The URL percent-decodes its database part: %00 or %0A reach the file name.
+        raise ConfigError(f"{key} = {shown!r}: the database name holds the control character "
+                          f"{bad!r} (percent-decoded), which no file or database name should")
+    if backend != "sqlite":
+        return value
+    shown = value   # (no user, so no password; render_as_string writes ':' as %3A)
+    if db.startswith("file:"):
+        # An SQLite URI file name is taken literally by SQLAlchemy (no uri=true): a
+        # file named "file:..." in the working directory.
+        raise ConfigError(f"{key} = {shown!r}: SQLite URI file names (file:...) are not "
+                          f"supported: expected the SQLite file, sqlite:////ABS/PATH.db")
+    if db in ("", ":memory:"):
+        return value          # refused where a file is needed (`engine_from_config`)
+    if not os.path.isabs(db):
         raise ConfigError(f"{key} = {shown!r}: expected the SQLite file as an absolute path, "
                           f"sqlite:////ABS/PATH.db (four slashes; this one is relative to "
                           f"the working directory)")
-    if backend == "sqlite" and not in_memory and target.endswith("/"):
-        raise ConfigError(f"{key} = {shown!r}: names a directory ({target}); expected the "
+    if db.endswith("/") or os.path.isdir(db):
+        raise ConfigError(f"{key} = {shown!r}: names a directory ({db}); expected the "
                           f"SQLite file, sqlite:////ABS/PATH.db")
     return value
 

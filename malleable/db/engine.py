@@ -404,7 +404,8 @@ def engine_from_config(config: Config | DatabaseConfig, *, url: str | None = Non
     target = url or db.url
     u = make_url(target)
     if u.get_backend_name() == "sqlite" and sqlite_path(u) is None:
-        raise DatabaseUnavailable(describe_url(u), "an in-memory SQLite database: the state "
+        key = "--database-url" if url else "database.url"
+        raise DatabaseUnavailable(f"{key} = {target!r}", "an in-memory SQLite database: the state "
                                   "would vanish at exit and no other command could read it; "
                                   "give a file, sqlite:////ABS/PATH.db")
     return make_engine(target, busy_timeout_ms=db.busy_timeout_ms, create=create)

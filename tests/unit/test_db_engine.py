@@ -198,8 +198,12 @@ def test_engine_from_config_refuses_an_in_memory_state_store(tmp_path):
     for url in ("sqlite://", "sqlite:///:memory:"):
         with pytest.raises(DatabaseUnavailable, match="an in-memory SQLite database"):
             engine_from_config(Config(database=DatabaseConfig(url=url)))
+        with pytest.raises(DatabaseUnavailable, match=f"^database.url = '{url}': an in-memory"):
+            engine_from_config(Config(database=DatabaseConfig(url=url)))
     r = CliRunner().invoke(main, ["db", "upgrade", "--database-url", "sqlite://"])
     assert r.exit_code == 2 and "an in-memory SQLite database" in r.output
+    # (a tester: the message began ":memory:: an in-memory ...", naming no setting)
+    assert "--database-url = 'sqlite://': an in-memory SQLite database" in r.output, r.output
     make_engine("sqlite://").dispose()
 
 

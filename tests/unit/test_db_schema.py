@@ -276,6 +276,17 @@ def test_upgrade_to_base_is_older_and_points_to_downgrade(engine):
      "user 'alice': expected sqlite:////ABS/PATH.db"),
     ("sqlite:////", "names a directory (/); expected the SQLite file"),
     ("sqlite:////tmp/x/", "names a directory (/tmp/x/); expected the SQLite file"),
+    # (a tester: an existing directory without the slash gave 'unable to open database
+    # file'; %00 and %0A are percent-decoded into the file name; file: URI names made a
+    # file named 'file:...' in the working directory)
+    ("sqlite:////tmp", "names a directory (/tmp); expected the SQLite file"),
+    ("sqlite:////tmp/a%00b.db", "the database name holds the control character '\\x00' "
+     "(percent-decoded)"),
+    ("sqlite:////tmp/a%0Ab.db", "the database name holds the control character '\\n' "
+     "(percent-decoded)"),
+    ("postgresql+psycopg://u@h/d%07b", "the database name holds the control character "
+     "'\\x07' (percent-decoded)"),
+    ("sqlite:///file:/tmp/x.db", "SQLite URI file names (file:...) are not supported"),
     # (mode=ro without uri=true made a file named 'c.db?mode=ro', mode 0644; timeout=abc
     # was a traceback)
     ("sqlite:////tmp/x/c.db?mode=ro&uri=true", "query parameters (?mode=ro&uri=true) are "
