@@ -48,9 +48,14 @@ from malleable.progress.reporter import (
     DEFAULT_SPOOL,
     ENV_BATCH,
     ENV_SPOOL,
+    MAX_BATCH,
     MAX_INT,
     MAX_LINE_BYTES,
+    MOST_GPUS_PER_NODE,
+    MOST_NODES,
+    MOST_RESTARTS,
     Reporter,
+    env_int,
     job_id_from_env,
 )
 
@@ -139,28 +144,33 @@ def _shown(value: object) -> str:
 
 
 # Environment values the line takes, and the least each may be (`check_environment`).
-_ENV_COUNTS = (("SLURM_RESTART_COUNT", 0), ("SLURM_GPUS_ON_NODE", 0),
-               ("SLURM_JOB_NUM_NODES", 1), (ENV_BATCH, 1))
+_ENV_COUNTS = (("SLURM_RESTART_COUNT", 0, MOST_RESTARTS),
+               ("SLURM_GPUS_ON_NODE", 0, MOST_GPUS_PER_NODE),
+               ("SLURM_JOB_NUM_NODES", 1, MOST_NODES), ("SLURM_NNODES", 1, MOST_NODES),
+               (ENV_BATCH, 1, MAX_BATCH))
 
 
 def check_environment(env: Mapping[str, str]) -> None:
     """Refuse an environment value the line would take wrongly.
 
-    The Python `Reporter` reads a malformed SLURM_RESTART_COUNT, SLURM_GPUS_ON_NODE or
-    SLURM_JOB_NUM_NODES as its default (training must not stop over a report), and an
-    unreadable MALLEABLE_BATCH_SIZE as unset; a shell command can say so instead.
+    The Python `Reporter` reads a malformed SLURM_RESTART_COUNT, SLURM_GPUS_ON_NODE,
+    SLURM_JOB_NUM_NODES or SLURM_NNODES as its default (training must not stop over a
+    report); a shell command can say so instead. Each must be ASCII digits within its
+    bounds (`MOST_RESTARTS`, `MOST_GPUS_PER_NODE`, `MOST_NODES`; MALLEABLE_BATCH_SIZE
+    from 1 to `MAX_BATCH`).
 
     Args:
         env: the environment (unset or blank variables pass).
 
     Raises:
-        SystemExit(2): a set variable that is not an integer at least its least value
+        SystemExit(2): a set variable that is not an integer within its bounds
             (one line on stderr naming the variable and its value).
     """
-    for name, least in _ENV_COUNTS:
+    for name, least, most in _ENV_COUNTS:
         raw = env.get(name, "").strip()
-        if raw and not (raw.isdigit() and least <= int(raw) <= MAX_INT):
-            fail(f"{name}={raw}: expected an integer >= {least}")
+        value = env_int(raw, most) if raw else least
+        if value is None or value < least:
+            fail(f"{name}={raw}: expected an integer from {least} to {most}")
 
 
 def check_job_environment(env: Mapping[str, str]) -> None:

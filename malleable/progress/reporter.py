@@ -91,18 +91,47 @@ def job_id_from_env(env: Mapping[str, str]) -> str | None:
     return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
 
 
+#: The most GPUs per node, nodes and restarts read from the environment: far above any
+#: real cluster's, so a larger value is a malformed one (read as unset), not a count.
+MOST_GPUS_PER_NODE = 2**16
+MOST_NODES = 2**20
+MOST_RESTARTS = 2**31 - 1
+
+
+def env_int(text: str, most: int) -> int | None:
+    """The count an environment value spells, or None if it is not a count.
+
+    Args:
+        text: the value (blanks around it are ignored).
+        most: the largest count accepted.
+
+    Returns:
+        The integer, if ``text`` is 1 to 10 ASCII digits and the value is <= ``most``;
+        else None (``str.isdigit`` alone takes "²" and other Unicode digits, which
+        `int` refuses, and any number of digits).
+    """
+    text = text.strip()
+    if not (0 < len(text) <= 10 and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value <= most else None
+
+
 def _count_list(text: str) -> int:
-    """Devices in a list like "0,1,3" or "0-3,6" (0 for "" or unparseable)."""
+    """Devices in a list like "0,1,3" or "0-3,6" (0 for "", unparseable, a reversed range
+    or more than `MOST_GPUS_PER_NODE` devices)."""
     total = 0
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        lo, dash, hi = part.partition("-")
+        first = env_int(lo, MOST_GPUS_PER_NODE)
+        last = env_int(hi, MOST_GPUS_PER_NODE) if dash else first
+        if first is None or last is None or last < first:
             return 0
-        total += int(hi) - int(lo) + 1 if hi else 1
-    return total
+        total += last - first + 1
+    return total if total <= MOST_GPUS_PER_NODE else 0
 
 
 def _gpus_in_tres(text: str) -> int:
@@ -112,9 +141,9 @@ def _gpus_in_tres(text: str) -> int:
         for prefix in ("gres/gpu", "gres:gpu", "gpu"):
             if item.startswith(prefix):
                 rest = item[len(prefix):].lstrip(":=")
-                count = rest.rsplit(":", 1)[-1].rsplit("=", 1)[-1]
-                if count.isdigit():
-                    return int(count)
+                count = env_int(rest.rsplit(":", 1)[-1].rsplit("=", 1)[-1], MOST_GPUS_PER_NODE)
+                if count is not None:
+                    return count
                 if rest == "":
                     return 1
     return 0
@@ -127,10 +156,11 @@ def gpus_per_node_from_env(env: Mapping[str, str]) -> int:
     SLURM_TRES_PER_NODE, SLURM_GPUS_PER_NODE, GPU_DEVICE_ORDINAL (index list),
     CUDA_VISIBLE_DEVICES (index list). CUDA_VISIBLE_DEVICES comes last and an
     empty value is ignored: with file-backed GRES (the test harness) it is empty.
+    A value that is not ASCII digits, or above `MOST_GPUS_PER_NODE`, is passed over.
     """
-    value = env.get("SLURM_GPUS_ON_NODE", "").strip()
-    if value.isdigit():
-        return int(value)
+    value = env_int(env.get("SLURM_GPUS_ON_NODE", ""), MOST_GPUS_PER_NODE)
+    if value is not None:
+        return value
     n = _count_list(env.get("SLURM_JOB_GPUS", ""))
     if n:
         return n
@@ -146,18 +176,20 @@ def gpus_per_node_from_env(env: Mapping[str, str]) -> int:
 
 
 def nodes_from_env(env: Mapping[str, str]) -> int:
-    """Nodes of the job (SLURM_JOB_NUM_NODES, else SLURM_NNODES, else 1)."""
+    """Nodes of the job (SLURM_JOB_NUM_NODES, else SLURM_NNODES, else 1); a value that is
+    not an integer from 1 to `MOST_NODES` in ASCII digits is passed over."""
     for name in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
-        value = env.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+        value = env_int(env.get(name, ""), MOST_NODES)
+        if value:
+            return value
     return 1
 
 
 def restart_count_from_env(env: Mapping[str, str]) -> int:
-    """How often Slurm requeued the job (SLURM_RESTART_COUNT; unset on the first run -> 0)."""
-    value = env.get("SLURM_RESTART_COUNT", "").strip()
-    return int(value) if value.isdigit() else 0
+    """How often Slurm requeued the job (SLURM_RESTART_COUNT; unset on the first run, or
+    not an integer up to `MOST_RESTARTS` in ASCII digits -> 0)."""
+    value = env_int(env.get("SLURM_RESTART_COUNT", ""), MOST_RESTARTS)
+    return 0 if value is None else value
 
 
 # --- the plan file ------------------------------------------------------------------------
@@ -432,10 +464,12 @@ class Reporter:
         `gpus_per_node_from_env`); the spool directory from ``spool_dir``, else
         MALLEABLE_SPOOL, else /var/spool/malleable/progress; the signal from
         ``signal``, else MALLEABLE_SIGNAL, else USR1; the batch size from
-        ``batch_size``, else MALLEABLE_BATCH_SIZE.
+        ``batch_size``, else MALLEABLE_BATCH_SIZE (unset or blank: none).
 
         Raises:
-            ValueError: not inside a Slurm job (no SLURM_JOB_ID), or a bad value.
+            ValueError: not inside a Slurm job (no SLURM_JOB_ID); MALLEABLE_BATCH_SIZE
+                set to anything but an integer from 1 to `MAX_BATCH` (the message
+                names the variable and its value); or a bad value given here.
         """
         env = os.environ if env is None else env
         job_id = job_id_from_env(env)
@@ -443,8 +477,14 @@ class Reporter:
             raise ValueError("SLURM_JOB_ID is not set: not running inside a Slurm job "
                              "(construct Reporter(job_id, spool_dir) directly)")
         nodes = nodes_from_env(env)
-        if batch_size is None and env.get(ENV_BATCH, "").strip().isdigit():
-            batch_size = int(env[ENV_BATCH])
+        raw = env.get(ENV_BATCH, "").strip()
+        if batch_size is None and raw:
+            # (it was read as unset when malformed: the job then logged no batch, and
+            # the daemon priced it at the spec's batch without a word)
+            batch_size = env_int(raw, MAX_BATCH)
+            if not batch_size:
+                raise ValueError(f"{ENV_BATCH}={raw!r}: expected an integer from 1 to "
+                                 f"{MAX_BATCH} (the global batch, samples per step)")
         spool = spool_dir or env.get(ENV_SPOOL) or DEFAULT_SPOOL
         rep = cls(job_id, spool, restart_count=restart_count_from_env(env),
                   gpus=gpus_per_node_from_env(env) * nodes, nodes=nodes,

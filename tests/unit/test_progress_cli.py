@@ -355,17 +355,25 @@ def test_a_last_line_without_its_newline_is_judged_as_the_line_it_becomes(tmp_pa
     assert ingested_steps(path) == [120, 130]
 
 
-@pytest.mark.parametrize("name, value, least", [
-    ("SLURM_RESTART_COUNT", "abc", 0), ("SLURM_RESTART_COUNT", "-1", 0),
-    ("SLURM_GPUS_ON_NODE", "abc", 0), ("SLURM_JOB_NUM_NODES", "0", 1),
-    ("MALLEABLE_BATCH_SIZE", "-5", 1), ("MALLEABLE_BATCH_SIZE", "abc", 1),
+@pytest.mark.parametrize("name, value, bounds", [
+    ("SLURM_RESTART_COUNT", "abc", "0 to 2147483647"),
+    ("SLURM_RESTART_COUNT", "-1", "0 to 2147483647"),
+    ("SLURM_GPUS_ON_NODE", "abc", "0 to 65536"), ("SLURM_JOB_NUM_NODES", "0", "1 to 1048576"),
+    ("MALLEABLE_BATCH_SIZE", "-5", "1 to 2147483647"),
+    ("MALLEABLE_BATCH_SIZE", "abc", "1 to 2147483647"),
+    # (a tester: Unicode digits passed str.isdigit and were a traceback in int(); a
+    # 5,000-digit value was a traceback; 10**12 GPUs per node went into the line)
+    ("SLURM_GPUS_ON_NODE", "\u00b2", "0 to 65536"), ("SLURM_NNODES", "\u0663", "1 to 1048576"),
+    ("SLURM_RESTART_COUNT", "9" * 5000, "0 to 2147483647"),
+    ("SLURM_GPUS_ON_NODE", "1000000000000", "0 to 65536"),
+    ("MALLEABLE_BATCH_SIZE", "2147483648", "1 to 2147483647"),
 ])
-def test_a_malformed_environment_value_is_named(tmp_path, name, value, least):
+def test_a_malformed_environment_value_is_named(tmp_path, name, value, bounds):
     """The Python Reporter reads these as their defaults (training must not stop); the
     shell command says so instead of writing restart 0, 0 GPUs or "batch not known"."""
     env = {**session_env(tmp_path), name: value}
     refused(run(["started", "--batch", "8"] if name != "MALLEABLE_BATCH_SIZE" else ["started"],
-                env), f"{name}={value}: expected an integer >= {least}")
+                env), f"{name}={value}: expected an integer from {bounds}")
     assert list(tmp_path.iterdir()) == []
 
 

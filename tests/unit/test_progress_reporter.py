@@ -58,9 +58,39 @@ def test_job_id_from_env(env, expected):
     ({"CUDA_VISIBLE_DEVICES": ""}, 0),
     ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"}, 6),
     ({}, 0),
+    # Not counts, passed over (a tester: "²" passed str.isdigit and int() raised; a
+    # reversed range counted -1 GPUs; 10**12 went into the line).
+    ({"SLURM_GPUS_ON_NODE": "\u00b2", "SLURM_JOB_GPUS": "0,1"}, 2),
+    ({"SLURM_GPUS_ON_NODE": "1000000000000", "SLURM_TRES_PER_NODE": "gres/gpu:\u0663"}, 0),
+    ({"SLURM_JOB_GPUS": "3-1"}, 0),
+    ({"SLURM_JOB_GPUS": "0-99999"}, 0),
+    ({"GPU_DEVICE_ORDINAL": "0," + "9" * 5000}, 0),
 ])
 def test_gpus_per_node_from_env(env, gpus):
     assert gpus_per_node_from_env(env) == gpus
+
+
+def test_malformed_counts_in_the_environment_are_their_defaults():
+    """Training must not stop over a report: nodes 1, restart 0 (never a traceback)."""
+    for bad in ("\u0663", "9" * 5000, "-1", "0", "2000000", "1e2", "1_000"):
+        assert rmod.nodes_from_env({"SLURM_JOB_NUM_NODES": bad, "SLURM_NNODES": "x"}) == 1
+    assert rmod.nodes_from_env({"SLURM_JOB_NUM_NODES": "x", "SLURM_NNODES": " 3 "}) == 3
+    for bad in ("\u0663", "9" * 5000, "-1", "2147483648", "1e2"):
+        assert rmod.restart_count_from_env({"SLURM_RESTART_COUNT": bad}) == 0
+    assert rmod.restart_count_from_env({"SLURM_RESTART_COUNT": "2147483647"}) == 2**31 - 1
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-4", "\u00b2", "2147483648", "9" * 5000])
+def test_a_malformed_batch_size_in_the_environment_is_an_error(tmp_path, value):
+    """It was read as unset: the job logged no batch, and the daemon priced it at the
+    spec's batch without a word."""
+    env = {"SLURM_JOB_ID": "3", "MALLEABLE_BATCH_SIZE": value}
+    with pytest.raises(ValueError, match=f"^MALLEABLE_BATCH_SIZE={value!r}: expected an "
+                                         f"integer from 1 to 2147483647"):
+        Reporter.from_env(env, spool_dir=tmp_path, install_handler=False)
+    rep = Reporter.from_env({**env, "MALLEABLE_BATCH_SIZE": "  "}, spool_dir=tmp_path,
+                            install_handler=False)
+    assert rep.batch_size is None
 
 
 def test_from_env_reads_slurm_and_writes_the_documented_line(tmp_path):
