@@ -501,38 +501,120 @@ def _fields_once(text: str, source: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> tuple[int, int]:
+def start_sizes(spec: MalleableSpec, gpus_per_node: int, *, least: int = 0, most: int = 0,
+                count: int = 13) -> list[int]:
+    """The GPU counts a job of ``spec`` can start on, ascending, computed (not searched).
+
+    A size can start if the spec allows it (`MalleableSpec.allows`: ``min_gpus`` or a
+    multiple of ``step`` up to ``max_gpus``) and Slurm can give it on nodes of g GPUs:
+    one node (at most g) or whole nodes (a multiple of g).
+
+    Args:
+        spec: the job's spec.
+        gpus_per_node: g (>= 1; a smaller value is taken as 1).
+        least: only sizes >= this (GPUs; 0: no bound).
+        most: only sizes <= this (GPUs; 0: no bound), e.g. the cluster's GPUs.
+        count: at most this many sizes (the first ones).
+
+    Returns:
+        Up to ``count`` sizes in GPUs, ascending; [] if none.
+    """
+    g, lo, step = max(1, gpus_per_node), spec.min_gpus, spec.step
+    hi = spec.max_gpus if most <= 0 else min(spec.max_gpus, most)
+    out = [lo] if least <= lo <= hi and (lo <= g or lo % g == 0) else []
+    # Within one node: multiples of step in (lo, min(hi, g)].
+    k = (max(lo, least - 1) // step + 1) * step
+    while k <= min(hi, g) and len(out) < count:
+        out.append(k)
+        k += step
+    # Whole nodes: multiples of lcm(step, g) in (max(lo, g), hi].
+    lcm = step * g // math.gcd(step, g)
+    k = (max(lo, g, least - 1) // lcm + 1) * lcm
+    while k <= hi and len(out) < count:
+        out.append(k)
+        k += lcm
+    return out[:count]
+
+
+def largest_size(spec: MalleableSpec, gpus_per_node: int, most: int = 0) -> int:
+    """The largest of `start_sizes` (GPUs), 0 if none.
+
+    Args:
+        spec: the job's spec.
+        gpus_per_node: g.
+        most: only sizes <= this (GPUs; 0: no bound), e.g. the cluster's GPUs.
+    """
+    g, lo, step = max(1, gpus_per_node), spec.min_gpus, spec.step
+    hi = spec.max_gpus if most <= 0 else min(spec.max_gpus, most)
+    sizes = [lo] if lo <= hi and (lo <= g or lo % g == 0) else []
+    lcm = step * g // math.gcd(step, g)
+    sizes += [k for k in ((min(hi, g) // step) * step, (hi // lcm) * lcm) if lo < k <= hi]
+    return max(sizes, default=0)
+
+
+def _listed(sizes: list[int], count: int = 12) -> str:
+    return ", ".join(map(str, sizes[:count])) + (", ..." if len(sizes) > count else "")
+
+
+def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int,
+                  cluster_gpus: int = 0) -> tuple[int, int]:
     """(nodes, GPUs per node) for the initial size.
 
+    Without ``gpus``, the initial size is the smallest of `start_sizes` that holds the
+    initial batch at the per-GPU limit (`MalleableSpec.smallest_usable_gpus`).
+
+    Args:
+        spec: the job's spec.
+        gpus: the initial size (``--initial-gpus``), or None.
+        gpus_per_node: g, the cluster's GPUs per node.
+        cluster_gpus: the cluster's GPUs (0: unknown, not checked).
+
+    Returns:
+        (nodes, GPUs per node): (1, k) for k <= g, else (k / g, g).
+
     Raises:
-        SubmitError: the size is outside the spec or cannot be whole nodes.
+        SubmitError: no size can start the job; or the size is not one the job can start
+            on, cannot hold the batch, exceeds the cluster, or is more nodes than a
+            request can have. The message names the size (and the option, if given) and
+            lists sizes the job can start on.
     """
     g = max(1, gpus_per_node)
     need = spec.smallest_usable_gpus()
-    k = _first_start_size(spec, need, g) if gpus is None else gpus
-    holds = (f"the smallest size that holds batch={spec.batch_size} at "
-             f"max_local_batch={spec.max_local_batch_size}")
-    # Name the size as the user gave it, or say where it came from.
-    what = (f"--initial-gpus={k}" if gpus is not None else
-            f"the initial size, {k} GPUs (the spec's minimum: no --initial-gpus given)"
-            if k == spec.min_gpus else
-            f"the initial size, {k} GPUs ({holds} on {g}-GPU nodes: no --initial-gpus "
-            "given)")
-    if gpus is not None and spec.allows(k) and k < need:
-        raise SubmitError(f"{what}: {k} GPUs cannot hold batch={spec.batch_size} at "
-                          f"max_local_batch={spec.max_local_batch_size} per GPU; {need} is "
-                          f"{holds}")
-    if not spec.allows(k):
-        # The sizes the job can start on: allowed by the spec and whole nodes above one.
-        shown = [n for n in spec.allowed_gpus(limit=1000) if n <= g or n % g == 0][:13]
-        listed = (f"{', '.join(map(str, shown[:12]))}{', ...' if len(shown) > 12 else ''}"
-                  if shown else "none among the first 1000 sizes")
-        raise SubmitError(f"{what}: not allowed by the spec (sizes it allows on {g}-GPU "
-                          f"nodes: {listed})")
+    where = f"on {g}-GPU nodes" + (f", {cluster_gpus} GPUs in all" if cluster_gpus > 0 else "")
+    holds = f"batch={spec.batch_size} at max_local_batch={spec.max_local_batch_size}"
+    fits = start_sizes(spec, g, least=need, most=cluster_gpus)
+    if gpus is None:
+        if not fits:
+            any_size = start_sizes(spec, g, most=cluster_gpus)
+            why = (f"none holds {holds} per GPU (sizes it can start on, {where}: "
+                   f"{_listed(any_size)})" if any_size else
+                   f"it allows gpus={spec.min_gpus}-{spec.max_gpus} with step={spec.step}, "
+                   f"and none of these is one node or whole nodes")
+            raise SubmitError(f"no size can start the job {where}: {why}")
+        k = fits[0]
+        what = (f"the initial size, {k} GPUs (the spec's minimum: no --initial-gpus given)"
+                if k == spec.min_gpus else
+                f"the initial size, {k} GPUs (the smallest that holds {holds} {where}: no "
+                f"--initial-gpus given)")
+    else:
+        k, what = gpus, f"--initial-gpus={gpus}"
+        shown = start_sizes(spec, g, most=cluster_gpus)
+        if not spec.allows(k) or not (k <= g or k % g == 0):
+            problem = ("not allowed by the spec" if not spec.allows(k) else
+                       f"more than one node ({g} GPUs) but not whole nodes")
+            raise SubmitError(f"{what}: {problem} (sizes it can start on, {where}: "
+                              f"{_listed(shown) if shown else 'none'})")
+        if k < need:
+            first = (f"; {fits[0]} is the smallest size it can start on that holds it"
+                     if fits else "; no size it can start on holds it")
+            raise SubmitError(f"{what}: {k} GPUs cannot hold batch={spec.batch_size} at "
+                              f"max_local_batch={spec.max_local_batch_size} per GPU{first}")
+        if 0 < cluster_gpus < k:
+            raise SubmitError(f"{what}: more than the cluster's {cluster_gpus} GPUs; the job "
+                              f"could never start (sizes it can start on, {where}: "
+                              f"{_listed(shown) if shown else 'none'})")
     if k <= g:
         return 1, k
-    if k % g:
-        raise SubmitError(f"{what}: more than one node ({g} GPUs) but not whole nodes")
     try:
         check_count("nodes", k // g)   # the port's bound on a request, named for the user
     except InvalidArgument as exc:
@@ -540,31 +622,8 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int) -> 
     return k // g, g
 
 
-def _first_start_size(spec: MalleableSpec, need: int, g: int) -> int:
-    """The default initial size: the spec's minimum, or, when that cannot hold the
-    initial batch at the per-GPU limit, the smallest allowed size >= ``need`` that is
-    one node or whole nodes (``need`` itself when there is none: `initial_shape` then
-    says why it cannot start)."""
-    if need == spec.min_gpus or need <= g:
-        return need
-    lcm = spec.step * g // math.gcd(spec.step, g)
-    k = -(-need // lcm) * lcm
-    return k if k <= spec.max_gpus else need
-
-
-def largest_size(spec: MalleableSpec, gpus_per_node: int) -> int:
-    """The largest GPU count the spec allows that Slurm can give on nodes of
-    ``gpus_per_node`` GPUs (one node, or whole nodes), 0 if none: ``min_gpus`` or a
-    multiple of ``step`` in ``(min_gpus, max_gpus]``, at most g or a multiple of g."""
-    g, lo, hi, step = max(1, gpus_per_node), spec.min_gpus, spec.max_gpus, spec.step
-    sizes = [lo] if lo <= g or lo % g == 0 else []
-    lcm = step * g // math.gcd(step, g)
-    sizes += [k for k in ((min(hi, g) // step) * step, (hi // lcm) * lcm) if lo < k <= hi]
-    return max(sizes, default=0)
-
-
 def malleable_request(script: str, spec: MalleableSpec, *, initial_gpus: int | None,
-                      gpus_per_node: int, spool_dir: str, name: str = "",
+                      gpus_per_node: int, spool_dir: str, name: str = "", cluster_gpus: int = 0,
                       base_comment: str = "", extra_args: tuple[str, ...] | list[str] = (),
                       extra_env: tuple[tuple[str, str], ...] | list[tuple[str, str]] = (),
                       workdir: str = "") -> SubmitRequest:
@@ -577,6 +636,8 @@ def malleable_request(script: str, spec: MalleableSpec, *, initial_gpus: int | N
             in ``base_comment``; the comment's other text is kept).
         initial_gpus: GPUs to start on (None: the spec's minimum).
         gpus_per_node: g, to shape the request (`initial_shape`).
+        cluster_gpus: the cluster's GPUs, to refuse an initial size above them (0:
+            unknown).
         spool_dir: the progress spool (MALLEABLE_SPOOL for the job).
         name: job name ("" = Slurm's default).
         extra_args: further sbatch options, as given.
@@ -586,7 +647,7 @@ def malleable_request(script: str, spec: MalleableSpec, *, initial_gpus: int | N
     Raises:
         SubmitError: the initial size is outside the spec or not a legal shape.
     """
-    nodes, per_node = initial_shape(spec, initial_gpus, gpus_per_node)
+    nodes, per_node = initial_shape(spec, initial_gpus, gpus_per_node, cluster_gpus)
     env = [("MALLEABLE_SIGNAL", spec.signal), ("MALLEABLE_SPOOL", spool_dir)]
     if spec.batch_size is not None:
         env.append(("MALLEABLE_BATCH_SIZE", str(spec.batch_size)))
@@ -602,7 +663,8 @@ def check_capacity(spec: MalleableSpec, cluster: ClusterInfo) -> str | None:
 
     Returns:
         A warning when ``max_gpus`` exceeds the cluster (the job never gets more than
-        the cluster has), else None; None too when the cluster's size is unknown.
+        the largest size it can start on within the cluster, `largest_size`), else
+        None; None too when the cluster's size is unknown.
 
     Raises:
         SubmitError: ``min_gpus``, or the fewest GPUs that hold the initial batch at the
@@ -622,8 +684,9 @@ def check_capacity(spec: MalleableSpec, cluster: ClusterInfo) -> str | None:
                           f"{spec.max_local_batch_size} per GPU needs at least {need} GPUs, "
                           f"more than the cluster's {shape}; the job could never start")
     if spec.max_gpus > total:
+        top = largest_size(spec, cluster.gpus_per_node, most=total)
         return (f"gpus={spec.min_gpus}-{spec.max_gpus}: the cluster has {shape}; the job "
-                f"will run on at most {total}")
+                f"will run on at most {top}")
     return None
 
 
@@ -804,18 +867,19 @@ def submit(spec_text, initial_gpus, config_path, dry_run, offline_gpn, args, **o
             client = connect_once(config.slurm)
             cluster = client.cluster()
             gpus_per_node = cluster.gpus_per_node
+            cluster_gpus = max(0, cluster.nodes * cluster.gpus_per_node)
             warning = check_capacity(spec, cluster)
             if warning:
                 click.echo(f"malleable submit: warning: {warning}", err=True)
         else:
-            gpus_per_node = offline_gpn
+            gpus_per_node, cluster_gpus = offline_gpn, 0
         top = largest_size(spec, gpus_per_node)
         if 0 < top < spec.max_gpus:
             click.echo(f"malleable submit: warning: gpus={spec.min_gpus}-{spec.max_gpus} with "
                        f"step={spec.step}: the largest size it allows on {gpus_per_node}-GPU "
                        f"nodes is {top} (above one node, only whole nodes)", err=True)
         request = malleable_request(script, spec, initial_gpus=initial_gpus,
-                                    gpus_per_node=gpus_per_node,
+                                    gpus_per_node=gpus_per_node, cluster_gpus=cluster_gpus,
                                     spool_dir=config.progress.spool_dir,
                                     base_comment=base_comment,
                                     extra_args=without_comment(passthrough))

@@ -62,14 +62,15 @@ def test_the_default_initial_size_holds_the_initial_batch():
                          None, 4) == (3, 4)
     assert initial_shape(parse_spec("malleable:gpus=2-8,batch=8,max_local_batch=4"),
                          None, 4) == (1, 2)
-    with pytest.raises(SubmitError, match=r"^the initial size, 9 GPUs \(the smallest size "
-                                          r"that holds batch=7 at max_local_batch=1 on 4-GPU "
-                                          r"nodes: no --initial-gpus given\): more than one "
-                                          r"node \(4 GPUs\) but not whole nodes"):
+    # (9 holds the batch but is not whole nodes, and 12 is above the maximum)
+    with pytest.raises(SubmitError, match=r"^no size can start the job on 4-GPU nodes: none "
+                                          r"holds batch=7 at max_local_batch=1 per GPU \(sizes "
+                                          r"it can start on, on 4-GPU nodes: 1, 3\)$"):
         initial_shape(parse_spec("malleable:gpus=1-9,step=3,batch=7,max_local_batch=1,max_batch=64"),
                       None, 4)
     with pytest.raises(SubmitError, match=r"^--initial-gpus=2: 2 GPUs cannot hold batch=8 at "
-                                          r"max_local_batch=1 per GPU; 8 is the smallest size"):
+                                          r"max_local_batch=1 per GPU; 8 is the smallest size "
+                                          r"it can start on that holds it$"):
         initial_shape(parse_spec("malleable:gpus=1-8,batch=8,max_local_batch=1"), 2, 4)
 
 
@@ -82,14 +83,22 @@ def test_initial_shape_whole_nodes_above_one_node():
         initial_shape(spec, 3, 4)
     with pytest.raises(SubmitError, match="whole"):
         initial_shape(parse_spec("malleable:gpus=1-16"), 6, 4)
-    # A size taken from the spec's minimum is not blamed on an option never given.
-    with pytest.raises(SubmitError, match=r"^the initial size, 6 GPUs \(the spec's minimum: "
-                                          r"no --initial-gpus given\): more than one node"):
-        initial_shape(parse_spec("malleable:gpus=6-8"), None, 4)
+    # Without --initial-gpus the job starts on the smallest size it can start on (the
+    # minimum, 6, is not whole nodes: it was refused, blaming "the initial size").
+    assert initial_shape(parse_spec("malleable:gpus=6-8"), None, 4) == (2, 4)
+    with pytest.raises(SubmitError, match=r"^no size can start the job on 4-GPU nodes: it "
+                                          r"allows gpus=5-7 with step=1, and none of these"):
+        initial_shape(parse_spec("malleable:gpus=5-7"), None, 4)
     # The sizes listed are those the job can start on (whole nodes above one).
-    with pytest.raises(SubmitError, match=r"sizes it allows on 4-GPU nodes: 2, 3, 4, 8, 12, "
+    with pytest.raises(SubmitError, match=r"^--initial-gpus=32: not allowed by the spec \(sizes "
+                                          r"it can start on, on 4-GPU nodes: 2, 3, 4, 8, 12, "
                                           r"16\)$"):
         initial_shape(parse_spec("malleable:gpus=2-16"), 32, 4)
+    with pytest.raises(SubmitError, match=r"^--initial-gpus=6: more than one node \(4 GPUs\) "
+                                          r"but not whole nodes \(sizes it can start on, on "
+                                          r"4-GPU nodes: 1, 2, 3, 4, 8, 12, 16, 20, 24, 28, 32, "
+                                          r"36, \.\.\.\)$"):
+        initial_shape(parse_spec("malleable:gpus=1-2000000000"), 6, 4)
     # A size no request can have is named as the option the user gave.
     with pytest.raises(SubmitError, match=r"^--initial-gpus=100000000: 25000000 nodes of 4 "
                                           r"GPUs; invalid nodes 25000000"):
@@ -157,6 +166,9 @@ def test_capacity_check_warns_above_the_cluster_and_refuses_a_minimum_above_it()
     warning = check_capacity(parse_spec("malleable:gpus=1-1000"), cluster)
     assert warning == ("gpus=1-1000: the cluster has 16 GPUs (4 nodes x 4); the job will run "
                        "on at most 16")
+    # At most the largest size it can start on (15 is not whole nodes; a tester).
+    assert check_capacity(parse_spec("malleable:gpus=3-30,step=3"), cluster).endswith(
+        "the job will run on at most 12")
     with pytest.raises(SubmitError, match=r"gpus=32-64: the minimum exceeds the cluster's 16 "
                                           r"GPUs \(4 nodes x 4\); the job could never start"):
         check_capacity(parse_spec("malleable:gpus=32-64"), cluster)
@@ -379,14 +391,36 @@ def test_a_maximum_no_node_shape_reaches_is_warned_about(tmp_path, spec, top):
         "whole nodes)" in r.output
 
 
-def test_largest_size_matches_the_listed_sizes():
-    from malleable.submit import largest_size
+def test_largest_size_and_start_sizes_match_the_listed_sizes():
+    from malleable.submit import largest_size, start_sizes
     for text in ("gpus=1-8,step=3", "gpus=2-16,step=4", "gpus=1-8", "gpus=1-7", "gpus=6-6",
-                 "gpus=3-100,step=3", "gpus=5-40,step=5", "gpus=8-8"):
+                 "gpus=3-100,step=3", "gpus=5-40,step=5", "gpus=8-8", "gpus=6-8", "gpus=5-7"):
         spec = parse_spec("malleable:" + text)
-        for g in (1, 2, 4, 8):
+        for g in (1, 2, 3, 4, 8):
             sizes = [k for k in spec.allowed_gpus() if k <= g or k % g == 0]
             assert largest_size(spec, g) == max(sizes, default=0), (text, g)
+            assert start_sizes(spec, g, count=1000) == sizes, (text, g)
+            for least, most in ((0, 12), (5, 0), (7, 40), (9, 8)):
+                want = [k for k in sizes if k >= least and (most == 0 or k <= most)]
+                assert start_sizes(spec, g, least=least, most=most, count=3) == want[:3]
+                assert largest_size(spec, g, most=most) == max(
+                    [k for k in sizes if most == 0 or k <= most], default=0)
+
+
+def test_the_initial_size_is_checked_against_the_cluster():
+    """An initial size above the cluster was submitted and pended for ever (a tester)."""
+    spec = parse_spec("malleable:gpus=1-64")
+    assert initial_shape(spec, 16, 4, cluster_gpus=16) == (4, 4)
+    with pytest.raises(SubmitError, match=r"^--initial-gpus=32: more than the cluster's 16 GPUs; "
+                                          r"the job could never start \(sizes it can start on, "
+                                          r"on 4-GPU nodes, 16 GPUs in all: 1, 2, 3, 4, 8, 12, "
+                                          r"16\)$"):
+        initial_shape(spec, 32, 4, cluster_gpus=16)
+    # A size below what holds the batch names the first size that does.
+    with pytest.raises(SubmitError, match=r"^--initial-gpus=2: 2 GPUs cannot hold batch=5 at "
+                                          r"max_local_batch=1 per GPU; 8 is the smallest size "
+                                          r"it can start on that holds it$"):
+        initial_shape(parse_spec("malleable:gpus=1-64,batch=5,max_local_batch=1"), 2, 4, 16)
 
 
 
