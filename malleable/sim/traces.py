@@ -77,13 +77,20 @@ _SHOWN.maxstring = _SHOWN.maxother = 40
 
 
 def _shown(value: object) -> str:
-    """``repr(value)``; for a list, tuple or dict (a JSON value) `_SHOWN`'s abridged one,
-    at most 200 characters: a message must stay one readable line whatever the trace
-    holds (a list nested 900 deep, a job object of many fields)."""
-    if not isinstance(value, (list, tuple, dict)):
-        return repr(value)
-    text = _SHOWN.repr(value)
-    return text if len(text) <= 200 else text[:197] + "..."
+    """``repr(value)``; for a list, tuple or dict (a JSON value) `_SHOWN`'s abridged one;
+    at most 200 characters, a longer text or number cut with its length said: a message
+    must stay one readable line whatever the trace holds (a list nested 900 deep, a job
+    object of many fields, a value of 5,000 digits)."""
+    if isinstance(value, (list, tuple, dict)):
+        text = _SHOWN.repr(value)
+        return text if len(text) <= 200 else text[:197] + "..."
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 600:
+        # (str() of an int above 4,300 digits raises ValueError in Python 3.11)
+        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
+    text = repr(value)
+    if len(text) <= 200:
+        return text
+    return f"{text[:150]}... ({len(str(value))} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,26 +198,51 @@ def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
         raise _read_error(path, exc) from None
 
 
-def _int(path: Path, line: int, field: str, raw: Any, *, lo: int = 0) -> int:
-    try:
-        value = float(raw) if isinstance(raw, str) else raw
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or value != int(value):
-            raise ValueError
-        value = int(value)
-    except (TypeError, ValueError):
-        raise TraceError(path, line, field, raw, "not an integer") from None
+#: The largest integer a trace field may hold (int64, as Slurm's and SWF's counters).
+MAX_TRACE_INT = 2**63 - 1
+#: An integer as a trace writes it: ASCII digits, an optional sign, and optionally a
+#: point followed by zeros ("4.0", as pandas writes an integer column with a gap).
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}(?:\.0*)?")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _int(path: Path, line: int, field: str, raw: Any, *, lo: int = 0,
+         hi: int = MAX_TRACE_INT) -> int:
+    """``raw`` (text or a JSON number) as an integer in [lo, hi].
+
+    Text must be ASCII digits (``1e2``, ``1_000`` and Unicode digits, which Python's
+    `float` takes, are not integers as a trace writes them).
+
+    Raises:
+        TraceError: not an integer, or outside [lo, hi] (names the field and value).
+    """
+    value = None
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.isascii() and _INT_TEXT.fullmatch(text):
+            value = int(text.split(".")[0])
+    elif isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, float) and math.isfinite(raw) and raw == int(raw):
+        value = int(raw)
+    if value is None:
+        raise TraceError(path, line, field, raw, "not an integer")
     if value < lo:
         raise TraceError(path, line, field, raw, f"must be >= {lo}")
+    if value > hi:
+        raise TraceError(path, line, field, raw, f"must be <= {hi}")
     return value
 
 
 def _float(path: Path, line: int, field: str, raw: Any, *, lo: float = 0.0) -> float:
     try:
+        if isinstance(raw, str) and not (raw.strip().isascii()
+                                         and _FLOAT_TEXT.fullmatch(raw.strip())):
+            raise ValueError   # (not "1_000", "٣", "nan" or "inf", which float() takes)
         value = float(raw)
         if isinstance(raw, bool) or not math.isfinite(value):
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(path, line, field, raw, "not a finite number") from None
     if value < lo:
         raise TraceError(path, line, field, raw, f"must be >= {lo}")
@@ -411,6 +443,11 @@ def busiest_window(jobs: list[TraceJob], length_s: float = 14 * 86400.0, *,
 # ----------------------------------------------------------------------------- Gavel
 
 _GAVEL_TYPE = re.compile(r"^(?P<model>.+?) \(batch size (?P<bs>[0-9]+)\)$")
+#: The largest batch size in a Gavel job type, and the most GPUs of a Gavel job
+#: (``scale_factor``): far above the traces' (batch 512, 8 GPUs), so that a larger
+#: value is a malformed row rather than a job the simulator must hold.
+GAVEL_MAX_BATCH = 2**31 - 1
+GAVEL_MAX_GPUS = 2**20
 
 
 def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> list[TraceJob]:
@@ -457,6 +494,9 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
         s = _int(path, line, "seed", row["seed"])
         seeds.add(s)
         row_vc = row["vc"].strip()   # (" a" and "a" are one VC)
+        if not row_vc:
+            raise TraceError(path, line, "vc", row["vc"], "empty (every job names its "
+                             "virtual cluster; its jobs were named '-<line_no>')")
         if s == seed:
             vcs.add(row_vc)
         if s != seed or (vc is not None and row_vc != vc):
@@ -471,11 +511,18 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
         if not job_type:
             raise TraceError(path, line, "job_type", row["job_type"], "empty")
         m = _GAVEL_TYPE.match(job_type)
-        model, batch = (m.group("model"), int(m.group("bs"))) if m else (job_type, None)
+        model, batch = (m.group("model"), m.group("bs")) if m else (job_type, None)
+        if batch is not None:
+            if len(batch) > 10 or not 1 <= int(batch) <= GAVEL_MAX_BATCH:
+                bs = batch if len(batch) <= 20 else f"of {len(batch)} digits"
+                raise TraceError(path, line, "job_type", row["job_type"],
+                                 f"batch size {bs} outside 1 to {GAVEL_MAX_BATCH}")
+            batch = int(batch)
         jobs.append(TraceJob(
             name=name,
             arrival_s=_float(path, line, "arrival_time_s", row["arrival_time_s"]),
-            gpus=_int(path, line, "scale_factor", row["scale_factor"], lo=1),
+            gpus=_int(path, line, "scale_factor", row["scale_factor"], lo=1,
+                      hi=GAVEL_MAX_GPUS),
             model=model, batch_size=batch,
             total_steps=_int(path, line, "total_steps", row["total_steps"], lo=1),
             group=row_vc))
@@ -708,6 +755,9 @@ def _json_number(path: Path, where: str, field: str, raw: Any) -> float | None:
         if not raw.get("set", True) or raw.get("infinite", False):
             return None
         raw = raw.get("number")
+    if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) > MAX_TRACE_INT:
+        # (math.isfinite raised OverflowError on an integer above 1e308)
+        raise TraceError(path, 0, field, raw, f"{where}: a number beyond +-{MAX_TRACE_INT}")
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
         raise TraceError(path, 0, field, raw, f"{where}: not a number")
     return float(raw)
@@ -731,9 +781,10 @@ def _json_gpus(path: Path, field: str, entries: Any) -> int | None:
             raise TraceError(path, 0, f"{field}[{i}]", e, "not an object")
         if e.get("type") == "gres" and str(e.get("name", "")).split(":")[0] == "gpu":
             count = e.get("count")
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            if isinstance(count, bool) or not isinstance(count, int) or \
+                    not 0 <= count <= MAX_TRACE_INT:
                 raise TraceError(path, 0, f"{field}[{i}].count", count,
-                                 "the GPU count is not an integer >= 0")
+                                 f"the GPU count is not an integer from 0 to {MAX_TRACE_INT}")
             if found is None:
                 found = count
     return found
@@ -746,6 +797,10 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
             doc = json.load(fh)
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
+    except ValueError as exc:
+        # Python refuses to read an integer of more than 4,300 digits (int_max_str_digits)
+        raise TraceError(path, 0, "", None, f"not a sacct --json export: a value Python's "
+                         f"JSON reader refuses ({str(exc).split(';')[0]})") from None
     except RecursionError:
         # (Python's decoder recurses per nesting level: a file of 100000 '[' stops it)
         raise TraceError(path, 0, "", None, f"JSON nested too deeply to read (lists or "
@@ -765,8 +820,10 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         if not isinstance(rec, dict):
             raise TraceError(path, 0, where, rec, "not an object")
         jid_raw = rec.get("job_id")
-        if isinstance(jid_raw, bool) or not isinstance(jid_raw, int) or jid_raw < 1:
-            raise TraceError(path, 0, f"{where}.job_id", jid_raw, "not a positive integer")
+        if isinstance(jid_raw, bool) or not isinstance(jid_raw, int) or \
+                not 1 <= jid_raw <= MAX_TRACE_INT:
+            raise TraceError(path, 0, f"{where}.job_id", jid_raw,
+                             f"not an integer from 1 to {MAX_TRACE_INT}")
         arr = rec.get("array") or {}
         task = arr.get("task_id") if isinstance(arr, dict) else None
         task_n = _json_number(path, where, f"{where}.array.task_id", task) \

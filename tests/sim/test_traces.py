@@ -565,7 +565,7 @@ def test_sacct_json_in_22_05_and_23_11_shapes(tmp_path):
     doc["jobs"][0]["tres"]["allocated"][1]["count"] = "x"   # was read as 0 GPUs
     f.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match=r"field jobs\[0\]\.tres\.allocated\[1\]\.count='x': "
-                                         r"the GPU count is not an integer >= 0"):
+                                         r"the GPU count is not an integer from 0 to 9223372036854775807"):
         load_sacct(f)
     doc["jobs"][0]["tres"]["allocated"][1]["count"] = 8
     for bad in (-3, 1.5):    # -3 was accepted as a node count
@@ -655,3 +655,79 @@ def test_trace_job_gpu_time():
     assert TraceJob("a", 0.0, 4, duration_s=10.0).gpu_time_s == 40.0
     assert TraceJob("a", 0.0, 4).gpu_time_s is None
     assert math.isfinite(TraceJob("a", 1.5, 0, duration_s=0.0).gpu_time_s)
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize("cell, problem", [
+    # (a tester: Python's float() takes these, so they were read as integers)
+    ("1e2", "not an integer"), ("1_000", "not an integer"), ("\u0663", "not an integer"),
+    ("9" * 5000, "not an integer"), ("99999999999999999999", "must be <= 9223372036854775807"),
+    ("2.5", "not an integer"), ("nan", "not an integer"),
+])
+def test_an_integer_field_takes_ascii_digits_only(tmp_path, cell, problem):
+    f = tmp_path / "g.csv"
+    f.write_text(GAVEL_HEAD + f"0,v,0,LM (batch size 5),-n,1,{cell},0.0,1\n")
+    with pytest.raises(TraceError) as err:
+        load_gavel(f)
+    assert err.value.field == "total_steps" and str(err.value).endswith(problem)
+    assert len(str(err.value)) < 300     # a 5,000-digit value is cut, its length said
+    f.write_text(GAVEL_HEAD + "0,v,0,LM (batch size 5),-n,1, 4.0 ,0.0,+1\n")
+    assert load_gavel(f)[0].total_steps == 4     # (as pandas writes an integer column)
+
+
+@pytest.mark.parametrize("cell", ["1_000", "\u0663", "inf", "nan", "1e999"])
+def test_a_number_field_takes_ascii_decimal_notation_only(tmp_path, cell):
+    f = tmp_path / "g.csv"
+    f.write_text(GAVEL_HEAD + f"0,v,0,LM (batch size 5),-n,1,100,{cell},1\n")
+    with pytest.raises(TraceError, match="field arrival_time_s=.*: not a finite number$"):
+        load_gavel(f)
+
+
+def test_a_long_value_is_shown_cut_with_its_length():
+    message = str(TraceError("t.csv", 3, "x", "7" * 5000, "bad"))
+    assert message.startswith("t.csv:3: field x='777") and message.endswith(
+        "... (5000 characters): bad") and len(message) < 200
+    message = str(TraceError("t.json", 0, "x", 10**5000, "bad"))
+    assert message == "t.json: field x=<an integer of about 5000 digits>: bad"
+
+
+@pytest.mark.parametrize("row, field, problem", [
+    # (a tester: batch size 0 and a 30-digit batch were taken; 10**12 GPUs was a job; an
+    # empty VC named its jobs "-<line_no>")
+    ("0,v,0,LM (batch size 0),-n,1,100,0.0,1", "job_type", "batch size 0 outside 1 to "
+     "2147483647"),
+    ("0,v,0,LM (batch size 99999999999),-n,1,100,0.0,1", "job_type", "batch size "
+     "99999999999 outside 1 to 2147483647"),
+    ("0,v,0,LM (batch size 5),-n,1,100,0.0,1000000000000", "scale_factor", "must be <= "
+     "1048576"),
+    ("0, ,0,LM (batch size 5),-n,1,100,0.0,1", "vc", "empty (every job names its virtual "
+     "cluster; its jobs were named '-<line_no>')"),
+])
+def test_gavel_refuses_an_impossible_batch_size_gpu_count_or_vc(tmp_path, row, field, problem):
+    f = tmp_path / "g.csv"
+    f.write_text(GAVEL_HEAD + row + "\n")
+    with pytest.raises(TraceError) as err:
+        load_gavel(f)
+    assert err.value.line == 2 and err.value.field == field
+    assert str(err.value).endswith(": " + problem), str(err.value)
+
+
+@pytest.mark.parametrize("job, field, problem", [
+    ('{"job_id": %s, "time": {"submission": 5}}' % ("9" * 30), "jobs[0].job_id",
+     "not an integer from 1 to 9223372036854775807"),
+    ('{"job_id": 1, "time": {"submission": %s}}' % ("9" * 400), "jobs[0].time.submission",
+     "jobs[0]: a number beyond +-9223372036854775807"),
+])
+def test_sacct_json_refuses_integers_beyond_int64(tmp_path, job, field, problem):
+    """An integer above 1e308 was an OverflowError traceback (math.isfinite)."""
+    f = tmp_path / "s.json"
+    f.write_text('{"jobs": [' + job + ']}')
+    with pytest.raises(TraceError) as err:
+        load_sacct(f)
+    assert err.value.field == field and str(err.value).endswith(problem)
+    f.write_text('{"jobs": [{"job_id": ' + "9" * 5000 + '}]}')   # beyond Python's 4,300 digits
+    with pytest.raises(TraceError, match=r"s.json: not a sacct --json export: a value Python's "
+                                         r"JSON reader refuses \(Exceeds the limit"):
+        load_sacct(f)
