@@ -249,9 +249,18 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
 
     # tau (1-GPU time at m0) scales the cluster default: from the last fit if
     # there is one, else read off the samples; re-centred after this fit.
+    # Not for a job seen at one GPU count k >= 2: its data fix the time there but not
+    # how it splits between compute, synchronisation and overlap, nor so tau; a prior
+    # re-centred on the last fit's tau followed the fit's split from cycle to cycle (a
+    # job seen only at 2 GPUs was predicted slower at 4 than at 2 in some cycles, and
+    # hysteresis refused a grow `equi` asked for). Its tau is read off its samples
+    # with the cluster default's shape in every cycle, so the prior stays put and the
+    # speedup over k is the prior's where the data say nothing of it. (At k = 1 the
+    # data never touch synchronisation or gamma, so the fit leaves them at the prior.)
     log_tau = _log_tau_from_u(state.u, m0)
-    known_tau = np.isfinite(log_tau)
-    if not known_tau.all():  # (only new jobs have no fit yet)
+    one_k = has & (kmax == kmin) & (kmin >= 2)
+    known_tau = np.isfinite(log_tau) & ~one_k
+    if not known_tau.all():  # (new jobs and jobs seen at one k >= 2)
         log_tau = np.where(known_tau, log_tau, _log_tau_from_data(ck, cn, cm, w, y, m0, config))
     mu, sd, given = _prior(m0, log_tau, config, prior)
     flags[given] |= int(F.PRIOR_SUPPLIED)
@@ -269,7 +278,7 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
                   noise_dof=config.noise_dof)
         fit: ThroughputFit = fit_throughput(*args, mu[rows], sd[rows], u_init=u0, **kw)
         tau_fit = _log_tau_from_u(fit.u, m0[rows])
-        moved = ~given[rows] & fit.ok & (np.abs(tau_fit - log_tau[rows]) > 0.05)
+        moved = ~given[rows] & fit.ok & ~one_k[rows] & (np.abs(tau_fit - log_tau[rows]) > 0.05)
         if moved.any():
             mv = rows[moved]
             mu2, _, _ = _prior(m0[mv], tau_fit[moved], config, None)
@@ -283,16 +292,6 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
         failed = rows[~fit.ok]
         flags[failed] |= int(F.FIT_FAILED)
         u[failed] = mu[failed]
-        # Seen on one GPU count of 2 or more: the data fix the time there but not how
-        # it splits between compute, synchronisation and overlap, and the fit's split
-        # drifts from cycle to cycle (a job seen only at 2 GPUs was predicted slower
-        # at 4 than at 2 in some cycles and not in others, so hysteresis refused a
-        # grow `equi` asked for). The speedup over k is the prior's, as the flag
-        # says, scaled to the observed time (at k = 1 the fit leaves synchronisation
-        # and overlap at the prior already).
-        one = rows[fit.ok & (kmax[rows] == kmin[rows]) & (kmin[rows] >= 2)]
-        if one.size:
-            u[one] = prior_shape_at(mu[one], ck[one], cn[one], cm[one], w[one], y[one])
     pl = fit_power_law(ck, np.where(w > 0, cm, 1.0), w, y, within,
                        p_prior=config.power_law_prior, noise_log_sd=config.noise_log_sd,
                        noise_dof=config.noise_dof)
@@ -305,56 +304,6 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
     return Estimates(u=u, cov=cov, noise_sd=noise, power_p=pl.p, power_p_std=pl.p_std, phi=phi,
                      progress=progress, remaining_work=W, remaining_std=Wsd, flags=flags,
                      m0=m0, max_batch=mb, max_local_batch=ml)
-
-
-def prior_shape_at(mu: np.ndarray, k: np.ndarray, n: np.ndarray, m: np.ndarray,
-                   w: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """The prior's throughput model scaled to the observed iteration times.
-
-    Multiplying the six times of the model (alpha_c ... beta_n) by one factor s
-    multiplies T_iter by s at every configuration, so the result predicts the
-    prior's speedup over k, n and m, at the level the samples show: log s is the
-    weighted mean of ``y - log T_prior`` over the observed configurations.
-    `estimate` uses it for jobs seen at a single GPU count (flag
-    ``SINGLE_GPU_COUNT``), whose data cannot tell how the time splits between
-    the model's terms. Source: Pollux's fitting rule for parameters the
-    observations do not identify (Qiao et al., OSDI'21, section 3.2; AdaptDL's
-    ``fit_perf_params`` holds them at their initial values).
-
-    Args:
-        mu: (J, 7) prior parameter vectors (`ThroughputParams.to_u`).
-        k, n, m: (J, C) GPUs, nodes and global batch of the observed configurations.
-        w: (J, C) weights (>= 0; entries of weight 0 are ignored, and every row
-            needs one of weight > 0).
-        y: (J, C) mean log iteration time there (log seconds).
-
-    Returns:
-        (J, 7) float64: ``mu`` with log s added to its six time entries; gamma as
-        in ``mu``.
-
-    Raises:
-        ValueError: the shapes disagree, or a row has no positive weight.
-    """
-    mu = np.asarray(mu, dtype=np.float64)
-    w = np.asarray(w, dtype=np.float64)
-    arrays = [np.asarray(a, dtype=np.float64) for a in (k, n, m, y)]
-    if mu.ndim != 2 or mu.shape[1] != NUM_PARAMS:
-        raise ValueError(f"mu must have shape (J, {NUM_PARAMS}), got {mu.shape}")
-    if w.shape[:1] != mu.shape[:1] or any(a.shape != w.shape for a in arrays):
-        raise ValueError(f"k, n, m, w and y must all have shape ({mu.shape[0]}, C), got "
-                         f"{[a.shape for a in arrays]} and w {w.shape}")
-    seen = w > 0
-    total = np.where(seen, w, 0.0).sum(axis=1)
-    if not (total > 0).all():
-        raise ValueError(f"every row needs a weight > 0; rows {np.flatnonzero(~(total > 0))} "
-                         f"have none")
-    k, n, m, y = arrays
-    f = log_iteration_time(mu, np.where(seen, k, 1.0), np.where(seen, n, 1.0),
-                           np.where(seen, m, 1.0))
-    log_s = np.where(seen, w * (y - f), 0.0).sum(axis=1) / total
-    out = mu.copy()
-    out[:, :6] += log_s[:, None]
-    return out
 
 
 def _remaining(state: EstimatorState, specs: JobSpecs, progress: np.ndarray,

@@ -75,8 +75,8 @@ def test_equi_resizes_the_malleable_jobs_and_never_touches_the_rigid_one(slurm, 
     assert decisions and all(d["policy"] == "equi" and not d["dry_run"] for d in decisions)
     # (CI once saw p kept at 2 in one decision: the estimator's fit for a job seen at
     # 2 GPUs alone drifted to predict 4 GPUs slower, and hysteresis refused the grow;
-    # such a job now gets the prior's speedup, estimators.pipeline.prior_shape_at.
-    # The reasons say why, should it recur.)
+    # such a job's prior now stays anchored to its samples, docs/estimators.md section
+    # 3, "One GPU count". The reasons say why, should it recur.)
     for d in decisions:
         assert store.targets(d["id"]) == {s: 4, p: 4, q: 4}, store.target_reasons(d["id"])
     # Exactly one action per malleable job, done, made by a recorded decision.
