@@ -100,6 +100,9 @@ class SpecError(ValueError):
     """
 
     def __init__(self, message: str, *, field: str = "", value: object = None):
+        if isinstance(value, str) and len(value) > 60 and value in message:
+            # (a 5,000-digit value made a 5 KB message)
+            message = message.replace(value, f"{value[:40]}... ({len(value)} characters)")
         super().__init__(message)
         self.field = field
         self.value = value
@@ -345,7 +348,9 @@ def _parse_int(key: str, text: str) -> int:
     if not _INT.fullmatch(text):
         raise SpecError(f"malleable spec: {key}={text}: expected an integer", field=key,
                         value=text)
-    value = int(text)
+    # (int() of more than 4,300 digits raises ValueError: beyond 19 it is out of range)
+    huge = len(text.lstrip("+-").lstrip("0")) > 19
+    value = (-1 if text.startswith("-") else MAX_INT + 1) if huge else int(text)
     if value < 1:
         raise SpecError(f"malleable spec: {key}={text}: expected an integer >= 1", field=key,
                         value=text)

@@ -12,10 +12,10 @@ does what ``sbatch`` does, plus what the job contract needs (DESIGN.md section 5
   use, the command line's or else the script's, is kept);
 * ``--requeue`` and ``--open-mode=append`` (a requeue must neither be refused nor
   truncate the output);
-* the GPU request for the initial size (``--initial-gpus``, default the minimum
-  of the range, or the smallest size that holds the initial batch at the per-GPU
-  limit when the minimum does not): one node with k GPUs when k fits on a node,
-  else k/g whole nodes of g GPUs (g from the cluster);
+* the GPU request for the initial size (``--initial-gpus``, default the smallest
+  size the job can start on that holds the initial batch at the per-GPU limit,
+  `start_sizes`; usually the minimum of the range): one node with k GPUs when k
+  fits on a node, else k/g whole nodes of g GPUs (g from the cluster);
 * the job's environment gets MALLEABLE_SIGNAL (the spec's signal),
   MALLEABLE_BATCH_SIZE (the spec's batch, if any) and MALLEABLE_SPOOL (the
   configured spool), which `Reporter.from_env` reads.
@@ -501,13 +501,23 @@ def _fields_once(text: str, source: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _top(spec: MalleableSpec, most: int) -> int:
+    """The most GPUs a job of ``spec`` can run on: ``max_gpus``, at most ``most`` (> 0),
+    and at most its largest global batch (``max_batch``, else its fixed ``batch``), since
+    every GPU needs a sample of each step."""
+    hi = spec.max_gpus if most <= 0 else min(spec.max_gpus, most)
+    top = spec.max_batch_size if spec.max_batch_size is not None else spec.batch_size
+    return hi if top is None else min(hi, top)
+
+
 def start_sizes(spec: MalleableSpec, gpus_per_node: int, *, least: int = 0, most: int = 0,
                 count: int = 13) -> list[int]:
     """The GPU counts a job of ``spec`` can start on, ascending, computed (not searched).
 
     A size can start if the spec allows it (`MalleableSpec.allows`: ``min_gpus`` or a
-    multiple of ``step`` up to ``max_gpus``) and Slurm can give it on nodes of g GPUs:
-    one node (at most g) or whole nodes (a multiple of g).
+    multiple of ``step`` up to ``max_gpus``), its largest global batch gives each GPU a
+    sample (at most ``max_batch``, else the fixed ``batch``, GPUs), and Slurm can give it
+    on nodes of g GPUs: one node (at most g) or whole nodes (a multiple of g).
 
     Args:
         spec: the job's spec.
@@ -520,7 +530,7 @@ def start_sizes(spec: MalleableSpec, gpus_per_node: int, *, least: int = 0, most
         Up to ``count`` sizes in GPUs, ascending; [] if none.
     """
     g, lo, step = max(1, gpus_per_node), spec.min_gpus, spec.step
-    hi = spec.max_gpus if most <= 0 else min(spec.max_gpus, most)
+    hi = _top(spec, most)
     out = [lo] if least <= lo <= hi and (lo <= g or lo % g == 0) else []
     # Within one node: multiples of step in (lo, min(hi, g)].
     k = (max(lo, least - 1) // step + 1) * step
@@ -545,7 +555,7 @@ def largest_size(spec: MalleableSpec, gpus_per_node: int, most: int = 0) -> int:
         most: only sizes <= this (GPUs; 0: no bound), e.g. the cluster's GPUs.
     """
     g, lo, step = max(1, gpus_per_node), spec.min_gpus, spec.step
-    hi = spec.max_gpus if most <= 0 else min(spec.max_gpus, most)
+    hi = _top(spec, most)
     sizes = [lo] if lo <= hi and (lo <= g or lo % g == 0) else []
     lcm = step * g // math.gcd(step, g)
     sizes += [k for k in ((min(hi, g) // step) * step, (hi // lcm) * lcm) if lo < k <= hi]
@@ -599,9 +609,13 @@ def initial_shape(spec: MalleableSpec, gpus: int | None, gpus_per_node: int,
     else:
         k, what = gpus, f"--initial-gpus={gpus}"
         shown = start_sizes(spec, g, most=cluster_gpus)
-        if not spec.allows(k) or not (k <= g or k % g == 0):
+        top = _top(spec, 0)
+        if not spec.allows(k) or not (k <= g or k % g == 0) or k > top:
             problem = ("not allowed by the spec" if not spec.allows(k) else
-                       f"more than one node ({g} GPUs) but not whole nodes")
+                       f"more than one node ({g} GPUs) but not whole nodes"
+                       if not (k <= g or k % g == 0) else
+                       f"more GPUs than its largest global batch ({top} samples) can give "
+                       f"a sample each")
             raise SubmitError(f"{what}: {problem} (sizes it can start on, {where}: "
                               f"{_listed(shown) if shown else 'none'})")
         if k < need:
@@ -769,8 +783,9 @@ def _repeated_options(cmd: click.Command, words: list[str]) -> list[tuple[str, i
 @click.option("--restart-cost", metavar="SECONDS",
               help="Seconds a checkpoint-requeue costs the job (default: measured).")
 @click.option("--initial-gpus", type=click.IntRange(min=1), metavar="K",
-              help="GPUs to start on (default: the minimum of the range, or the smallest "
-                   "size that holds --batch at --max-local-batch per GPU).")
+              help="GPUs to start on (default: the smallest size the job can start on, one "
+                   "node or whole nodes, that holds --batch at --max-local-batch per GPU; "
+                   "usually the minimum of the range).")
 @click.option("--config", "config_path", metavar="PATH",
               help="malleable.toml to use (default $MALLEABLE_CONFIG or "
                    "/etc/malleable/malleable.toml).")

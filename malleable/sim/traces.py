@@ -90,7 +90,7 @@ def _shown(value: object) -> str:
     text = repr(value)
     if len(text) <= 200:
         return text
-    return f"{text[:150]}... ({len(str(value))} characters)"
+    return f"{text[:60]}... ({len(str(value))} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,7 @@ def _csv_rows(path: Path, required: Iterable[str]) -> Iterator[tuple[int, dict[s
 MAX_TRACE_INT = 2**63 - 1
 #: An integer as a trace writes it: ASCII digits, an optional sign, and optionally a
 #: point followed by zeros ("4.0", as pandas writes an integer column with a gap).
-_INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}(?:\.0*)?")
+_INT_TEXT = re.compile(r"[+-]?[0-9]+(?:\.0*)?")
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
@@ -220,7 +220,11 @@ def _int(path: Path, line: int, field: str, raw: Any, *, lo: int = 0,
     if isinstance(raw, str):
         text = raw.strip()
         if text.isascii() and _INT_TEXT.fullmatch(text):
-            value = int(text.split(".")[0])
+            whole = text.split(".")[0]
+            if len(whole.lstrip("+-").lstrip("0")) > 19:   # (beyond int64; int() of more
+                value = -hi - 1 if whole.startswith("-") else hi + 1   # than 4,300 digits
+            else:                                                     # raises ValueError)
+                value = int(whole)
     elif isinstance(raw, int) and not isinstance(raw, bool):
         value = raw
     elif isinstance(raw, float) and math.isfinite(raw) and raw == int(raw):
@@ -511,6 +515,11 @@ def load_gavel(path: str | Path, *, seed: int = 0, vc: str | None = None) -> lis
         if not job_type:
             raise TraceError(path, line, "job_type", row["job_type"], "empty")
         m = _GAVEL_TYPE.match(job_type)
+        if m is None and "batch size" in job_type:
+            # ("(batch size 1e2)" or "(batch size 128) extra" were taken as a model's name,
+            # refused later as "no profiled model", without the line)
+            raise TraceError(path, line, "job_type", row["job_type"],
+                             "expected 'MODEL (batch size N)', N in ASCII digits")
         model, batch = (m.group("model"), m.group("bs")) if m else (job_type, None)
         if batch is not None:
             if len(batch) > 10 or not 1 <= int(batch) <= GAVEL_MAX_BATCH:
@@ -574,15 +583,20 @@ def load_swf(path: str | Path) -> tuple[list[TraceJob], int]:
             continue
         parts = s.split()
         if len(parts) != len(SWF_FIELDS):
-            raise TraceError(path, line, "row", s[:80],
+            raise TraceError(path, line, "row", s,
                              f"expected {len(SWF_FIELDS)} fields, got {len(parts)}")
         vals = []
         for name, raw in zip(SWF_FIELDS, parts, strict=True):
-            try:
-                v = float(raw)
-            except ValueError:
-                raise TraceError(path, line, name, raw, "not a number") from None
-            if not math.isfinite(v) or (v < 0 and v != -1):
+            # ASCII decimal notation only (float() takes 1_451 and full-width digits); the
+            # counts and ids as integers (1e1 processors were 10 GPUs).
+            pattern = _INT_TEXT if name in _SWF_INTEGERS else _FLOAT_TEXT
+            if not (raw.isascii() and pattern.fullmatch(raw)):
+                raise TraceError(path, line, name, raw, "not an integer" if
+                                 name in _SWF_INTEGERS else "not a number")
+            v = float(raw)
+            if not math.isfinite(v) or v > MAX_TRACE_INT:
+                raise TraceError(path, line, name, raw, f"must be <= {MAX_TRACE_INT}")
+            if v < 0 and v != -1:
                 raise TraceError(path, line, name, raw, "must be >= 0 or -1 (unknown)")
             vals.append(v)
         rec = dict(zip(SWF_FIELDS, vals, strict=True))
@@ -610,6 +624,10 @@ def load_swf(path: str | Path) -> tuple[list[TraceJob], int]:
     origin = min((j.arrival_s for j in jobs), default=0.0)
     return _rebase(jobs, origin), skipped
 
+
+#: The SWF fields that are counts or ids (the others are times, sizes or averages).
+_SWF_INTEGERS = frozenset(("job", "alloc_procs", "req_procs", "status", "user", "group",
+                           "executable", "queue", "partition", "preceding_job"))
 
 _SWF_UNKNOWN = {"submit": "submit time (field 2, submit)",
                 "run_time": "run time (field 4, run_time)",
@@ -644,6 +662,11 @@ def _elapsed(path: Path, line: int, field: str, raw: str) -> float:
     m = _ELAPSED.match(raw.strip())
     if m is None:
         raise TraceError(path, line, field, raw, "not a duration [D-][HH:]MM:SS")
+    if any(len((m[g] or "").lstrip("0")) > 9 for g in "dhm") or len(m["s"]) > 30:
+        # (a day count of thousands of digits was a ValueError from int(), and
+        # 99999999999999999999 days was a duration)
+        raise TraceError(path, line, field, raw, "not a duration [D-][HH:]MM:SS of at "
+                         "most 999,999,999 days")
     if int(m["m"]) > 59 or float(m["s"]) >= 60 or (m["d"] and int(m["h"] or 0) > 23):
         raise TraceError(path, line, field, raw, "not a duration [D-][HH:]MM:SS (minutes "
                          "and seconds below 60, hours below 24 after a day count)")
@@ -662,8 +685,8 @@ def _sacct_gpus(path: Path, line: int, row: dict[str, str]) -> int:
         for m in _TRES_GPU.finditer(raw):
             n = _gpu_count(m.group(2))
             if n is None:
-                raise TraceError(path, line, field, raw, f"the gres/gpu count {m.group(2)!r} "
-                                 "is not an integer >= 0")
+                raise TraceError(path, line, field, raw, f"the gres/gpu count {_shown(m.group(2))} "
+                                 f"is not an integer from 0 to {MAX_TRACE_INT}")
             counts.setdefault(field, n)
     for field in ("AllocGRES", "ReqGRES"):
         raw = row.get(field) or ""
@@ -671,8 +694,8 @@ def _sacct_gpus(path: Path, line: int, row: dict[str, str]) -> int:
             count = m.group(1).split(":")[-1] if ":" in m.group(1) else ""
             n = _gpu_count(count)
             if n is None:
-                raise TraceError(path, line, field, raw, f"{m.group(1)!r} has no GPU count "
-                                 "(expected gpu[:type]:N, N an integer >= 0)")
+                raise TraceError(path, line, field, raw, f"{_shown(m.group(1))} has no GPU count "
+                                 f"(expected gpu[:type]:N, N an integer from 0 to {MAX_TRACE_INT})")
             counts.setdefault(field, n)
     for field in ("AllocTRES", "ReqTRES", "AllocGRES", "ReqGRES"):
         if field in counts:
@@ -681,7 +704,12 @@ def _sacct_gpus(path: Path, line: int, row: dict[str, str]) -> int:
 
 
 def _gpu_count(text: str) -> int | None:
-    return int(text) if re.fullmatch(r"[0-9]+", text.strip()) else None
+    """A GPU count: ASCII digits up to `MAX_TRACE_INT`, else None."""
+    text = text.strip()
+    if not re.fullmatch(r"[0-9]+", text) or len(text.lstrip("0")) > 19:
+        return None   # (int() of more than 4,300 digits raised ValueError)
+    n = int(text)
+    return n if n <= MAX_TRACE_INT else None
 
 
 def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
@@ -749,15 +777,29 @@ def _load_sacct_text(path: Path) -> tuple[list[TraceJob], int]:
     return _rebase(jobs, origin), skipped
 
 
+class _LongNumber(str):
+    """A JSON integer literal of more digits than any count or time has (Python's
+    reader refuses one above 4,300 digits; read as this, it is refused with its path)."""
+
+    def __repr__(self) -> str:
+        return f"<an integer of {len(self.lstrip('-'))} digits>"
+
+
+def _json_int(text: str) -> int | _LongNumber:
+    """``json.load``'s ``parse_int``: an int, or a `_LongNumber` above 30 digits."""
+    return _LongNumber(text) if len(text.lstrip("-")) > 30 else int(text)
+
+
 def _json_number(path: Path, where: str, field: str, raw: Any) -> float | None:
     """A number from sacct --json: plain, or {"set": bool, "infinite": bool, "number": n}."""
     if isinstance(raw, dict):
         if not raw.get("set", True) or raw.get("infinite", False):
             return None
         raw = raw.get("number")
-    if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) > MAX_TRACE_INT:
+    if isinstance(raw, _LongNumber) or (isinstance(raw, int) and not isinstance(raw, bool)
+                                        and abs(raw) > MAX_TRACE_INT):
         # (math.isfinite raised OverflowError on an integer above 1e308)
-        raise TraceError(path, 0, field, raw, f"{where}: a number beyond +-{MAX_TRACE_INT}")
+        raise TraceError(path, 0, field, raw, f"a number beyond +-{MAX_TRACE_INT}")
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
         raise TraceError(path, 0, field, raw, f"{where}: not a number")
     return float(raw)
@@ -794,7 +836,7 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
     fh = _open_text(path)
     try:
         with fh:
-            doc = json.load(fh)
+            doc = json.load(fh, parse_int=_json_int)
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
     except ValueError as exc:

@@ -484,7 +484,7 @@ def test_sacct_pipe_text_skips_a_running_job_despite_its_elapsed(tmp_path):
     ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|"
      "cpu=8,gres/gpu=notanumber,node=2|OK|",
      "field AllocTRES='cpu=8,gres/gpu=notanumber,node=2': the gres/gpu count 'notanumber' is "
-     "not an integer >= 0"),
+     "not an integer from 0 to 9223372036854775807"),
     ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|"
      "gres/gpu:a100=|OK|", "field AllocTRES='gres/gpu:a100=': the gres/gpu count ''"),
     ("104|x|gpu|2024-03-01T11:00:00|2024-03-01T11:00:00|2024-03-01T11:00:09|00:09|1|"
@@ -508,7 +508,8 @@ def test_sacct_pipe_text_gpus_from_req_tres_and_gres_and_a_malformed_gres(tmp_pa
     assert [(j.name, j.gpus) for j in jobs] == [("1", 3), ("2", 4), ("3", 0)]
     for cells, problem in [
             ("gres/gpu=4|gres/gpu=many|", "field ReqTRES='gres/gpu=many': the gres/gpu count "
-                                          "'many' is not an integer >= 0"),
+                                          "'many' is not an integer from 0 to "
+                                          "9223372036854775807"),
             ("||gpu:tesla", "field AllocGRES='gpu:tesla': 'gpu:tesla' has no GPU count")]:
         f.write_text(head + f"1|2024-03-01T10:00:00|00:10|{cells}\n")
         with pytest.raises(TraceError) as err:
@@ -663,7 +664,8 @@ def test_trace_job_gpu_time():
 @pytest.mark.parametrize("cell, problem", [
     # (a tester: Python's float() takes these, so they were read as integers)
     ("1e2", "not an integer"), ("1_000", "not an integer"), ("\u0663", "not an integer"),
-    ("9" * 5000, "not an integer"), ("99999999999999999999", "must be <= 9223372036854775807"),
+    ("9" * 5000, "must be <= 9223372036854775807"),
+    ("99999999999999999999", "must be <= 9223372036854775807"),
     ("2.5", "not an integer"), ("nan", "not an integer"),
 ])
 def test_an_integer_field_takes_ascii_digits_only(tmp_path, cell, problem):
@@ -704,6 +706,12 @@ def test_a_long_value_is_shown_cut_with_its_length():
      "1048576"),
     ("0, ,0,LM (batch size 5),-n,1,100,0.0,1", "vc", "empty (every job names its virtual "
      "cluster; its jobs were named '-<line_no>')"),
+    ("0,v,0,LM (batch size 1e2),-n,1,100,0.0,1", "job_type", "expected 'MODEL (batch size "
+     "N)', N in ASCII digits"),
+    ("0,v,0,LM (batch size 128) extra,-n,1,100,0.0,1", "job_type", "expected 'MODEL (batch "
+     "size N)', N in ASCII digits"),
+    ("0,v,0,LM (batch size \uff11\uff12),-n,1,100,0.0,1", "job_type", "expected 'MODEL (batch "
+     "size N)', N in ASCII digits"),
 ])
 def test_gavel_refuses_an_impossible_batch_size_gpu_count_or_vc(tmp_path, row, field, problem):
     f = tmp_path / "g.csv"
@@ -718,7 +726,7 @@ def test_gavel_refuses_an_impossible_batch_size_gpu_count_or_vc(tmp_path, row, f
     ('{"job_id": %s, "time": {"submission": 5}}' % ("9" * 30), "jobs[0].job_id",
      "not an integer from 1 to 9223372036854775807"),
     ('{"job_id": 1, "time": {"submission": %s}}' % ("9" * 400), "jobs[0].time.submission",
-     "jobs[0]: a number beyond +-9223372036854775807"),
+     "a number beyond +-9223372036854775807"),
 ])
 def test_sacct_json_refuses_integers_beyond_int64(tmp_path, job, field, problem):
     """An integer above 1e308 was an OverflowError traceback (math.isfinite)."""
@@ -727,7 +735,43 @@ def test_sacct_json_refuses_integers_beyond_int64(tmp_path, job, field, problem)
     with pytest.raises(TraceError) as err:
         load_sacct(f)
     assert err.value.field == field and str(err.value).endswith(problem)
-    f.write_text('{"jobs": [{"job_id": ' + "9" * 5000 + '}]}')   # beyond Python's 4,300 digits
-    with pytest.raises(TraceError, match=r"s.json: not a sacct --json export: a value Python's "
-                                         r"JSON reader refuses \(Exceeds the limit"):
+    # Beyond Python's 4,300 digits (json.load raised ValueError): named by its path too.
+    f.write_text('{"jobs": [{"job_id": ' + "9" * 5000 + '}]}')
+    with pytest.raises(TraceError, match=r"s.json: field jobs\[0\]\.job_id=<an integer of 5000 "
+                                         r"digits>: not an integer from 1 to"):
         load_sacct(f)
+    f.write_text('{"jobs": [{"job_id": 3, "time": {"submission": -' + "9" * 5000 + '}}]}')
+    with pytest.raises(TraceError, match=r"field jobs\[0\]\.time\.submission=<an integer of "
+                                         r"5000 digits>: a number beyond"):
+        load_sacct(f)
+
+
+def test_swf_and_sacct_text_counts_are_ascii_integers_within_int64(tmp_path):
+    """float() took 1e1 processors (10 GPUs), full-width digits, 1_451 and 2**63 in SWF;
+    a 5,000-digit sacct GPU count or day count was a ValueError without line or field,
+    and 99999999999999999999 days a duration (a tester)."""
+    row = "1 0 0 100 {p} -1 -1 {p} -1 -1 1 1 1 1 1 1 -1 -1\n"
+    f = tmp_path / "t.swf"
+    for procs, problem in (("1e1", "not an integer"), ("\uff14", "not an integer"),
+                           ("9223372036854775808", "must be <= 9223372036854775807"),
+                           ("9" * 5000, "must be <= 9223372036854775807")):
+        f.write_text(row.format(p=procs))
+        with pytest.raises(TraceError) as err:
+            load_swf(f)
+        assert err.value.field == "alloc_procs" and str(err.value).endswith(problem)
+        assert len(str(err.value)) < 300
+    f.write_text(row.format(p=4).replace(" 100 ", " 1_451 "))
+    with pytest.raises(TraceError, match=r"field run_time='1_451': not a number$"):
+        load_swf(f)
+    head = "JobID|Submit|Elapsed|AllocTRES|ReqTRES|AllocGRES\n"
+    f = tmp_path / "sacct.txt"
+    for cells, field in ((f"00:10|gres/gpu={'9' * 5000}||", "AllocTRES"),
+                         ("00:10|gres/gpu=9223372036854775808||", "AllocTRES"),
+                         (f"00:10|||gpu:{'9' * 5000}", "AllocGRES"),
+                         (f"{'9' * 5000}-01:00:00|||", "Elapsed"),
+                         ("99999999999999999999-01:00:00|||", "Elapsed")):
+        f.write_text(head + f"1|2024-03-01T10:00:00|{cells}\n")
+        with pytest.raises(TraceError) as err:
+            load_sacct(f)
+        assert (err.value.line, err.value.field) == (2, field), str(err.value)
+        assert len(str(err.value)) < 400

@@ -406,3 +406,14 @@ def test_a_second_equals_sign_in_a_value_is_refused():
                                   "malleable:gpus=1-8, step=4"])
 def test_other_text_after_the_spec_is_still_allowed(text):
     assert parse_spec(text).max_gpus == 8
+
+
+@pytest.mark.parametrize("field", ["gpus=1-", "batch=", "step=", "target_steps=", "grace="])
+def test_a_value_of_thousands_of_digits_is_a_short_error_not_a_traceback(field):
+    """int() of more than 4,300 digits raised ValueError through parse_spec (a tester),
+    and a long value filled the message."""
+    big = "9" * 5000
+    with pytest.raises(SpecError) as info:
+        parse_spec(f"malleable:gpus=1-8,{field}{big}" if not field.startswith("gpus")
+                   else f"malleable:{field}{big}")
+    assert "... (5000 characters)" in str(info.value) and len(str(info.value)) < 200

@@ -397,7 +397,7 @@ def test_largest_size_and_start_sizes_match_the_listed_sizes():
                  "gpus=3-100,step=3", "gpus=5-40,step=5", "gpus=8-8", "gpus=6-8", "gpus=5-7"):
         spec = parse_spec("malleable:" + text)
         for g in (1, 2, 3, 4, 8):
-            sizes = [k for k in spec.allowed_gpus() if k <= g or k % g == 0]
+            sizes = [k for k in spec.allowed_gpus() if k <= g or k % g == 0]   # (no batch)
             assert largest_size(spec, g) == max(sizes, default=0), (text, g)
             assert start_sizes(spec, g, count=1000) == sizes, (text, g)
             for least, most in ((0, 12), (5, 0), (7, 40), (9, 8)):
@@ -405,6 +405,22 @@ def test_largest_size_and_start_sizes_match_the_listed_sizes():
                 assert start_sizes(spec, g, least=least, most=most, count=3) == want[:3]
                 assert largest_size(spec, g, most=most) == max(
                     [k for k in sizes if most == 0 or k <= most], default=0)
+
+
+def test_no_start_size_has_more_gpus_than_the_batch_has_samples():
+    """gpus=5-16,batch=6 started on 8 GPUs, and --initial-gpus 16 with batch=3 was taken
+    (a tester): every GPU needs a sample of each step."""
+    from malleable.submit import largest_size, start_sizes
+    assert initial_shape(parse_spec("malleable:gpus=4-16,batch=6"), None, 4) == (1, 4)
+    with pytest.raises(SubmitError, match=r"^no size can start the job on 4-GPU nodes"):
+        initial_shape(parse_spec("malleable:gpus=5-16,batch=6"), None, 4)
+    with pytest.raises(SubmitError, match=r"^--initial-gpus=16: more GPUs than its largest "
+                                          r"global batch \(3 samples\) can give a sample each "
+                                          r"\(sizes it can start on, on 4-GPU nodes: 1, 2, 3\)$"):
+        initial_shape(parse_spec("malleable:gpus=1-16,batch=3"), 16, 4)
+    spec = parse_spec("malleable:gpus=1-64,batch=8,max_batch=24")
+    assert start_sizes(spec, 4, count=100) == [1, 2, 3, 4, 8, 12, 16, 20, 24]
+    assert largest_size(spec, 4) == 24
 
 
 def test_the_initial_size_is_checked_against_the_cluster():
@@ -420,7 +436,8 @@ def test_the_initial_size_is_checked_against_the_cluster():
     with pytest.raises(SubmitError, match=r"^--initial-gpus=2: 2 GPUs cannot hold batch=5 at "
                                           r"max_local_batch=1 per GPU; 8 is the smallest size "
                                           r"it can start on that holds it$"):
-        initial_shape(parse_spec("malleable:gpus=1-64,batch=5,max_local_batch=1"), 2, 4, 16)
+        initial_shape(parse_spec("malleable:gpus=1-64,batch=5,max_local_batch=1,max_batch=64"), 2, 4,
+                      16)
 
 
 
