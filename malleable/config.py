@@ -132,9 +132,10 @@ def check_database_url(key: str, value: str) -> str:
     for SQLite, the database file as an absolute path (``sqlite:////ABS/PATH``, four
     slashes, no query parameters, no host, user or port: ``sqlite://rel.db`` names host
     ``rel.db`` and a database in memory; not a directory, not an SQLite URI ``file:``
-    name) or in memory (``sqlite://``, which `engine_from_config` refuses where the
-    store must outlive the process); never a NUL byte, and no control character in the
-    percent-decoded database name. A password never appears in the message.
+    name), never in memory (``sqlite://``: the store must outlive the process; the
+    simulator opens its own); never a NUL byte, and no control character (C0, DEL, C1)
+    or U+FFFD in the percent-decoded database name, user, password or host. A password
+    never appears in the message.
 
     Raises:
         ConfigError: ``KEY = URL: expected ...`` (one line).
@@ -175,11 +176,18 @@ def check_database_url(key: str, value: str) -> str:
                           f"this one has {part}{memory}: expected sqlite:////ABS/PATH.db "
                           f"(four slashes)")
     db = u.database or ""
-    bad = next((c for c in db if ord(c) < 32 or ord(c) == 127), None)
-    if bad is not None:
-        # The URL percent-decodes its database part: %00 or %0A reach the file name.
-        raise ConfigError(f"{key} = {shown!r}: the database name holds the control character "
-                          f"{bad!r} (percent-decoded), which no file or database name should")
+    for part, text in (("database name", db), ("user", u.username), ("password", u.password),
+                       ("host", u.host)):
+        # The URL percent-decodes its parts: %00, %0A or %C2%85 reach the file name (or
+        # the connection: a NUL in the password dropped the port), and bytes that are
+        # not UTF-8 (%FF) become U+FFFD.
+        bad = next((c for c in text or "" if ord(c) < 32 or 127 <= ord(c) <= 159
+                    or c == "\ufffd"), None)
+        if bad is not None:
+            what = ("U+FFFD, what percent-encoded bytes that are not UTF-8 decode to"
+                    if bad == "\ufffd" else f"the control character {bad!r}")
+            raise ConfigError(f"{key} = {shown!r}: the {part} holds {what} (percent-decoded), "
+                              f"which no file, database or connection should")
     if backend != "sqlite":
         return value
     shown = value   # (no user, so no password; render_as_string writes ':' as %3A)
@@ -189,7 +197,10 @@ def check_database_url(key: str, value: str) -> str:
         raise ConfigError(f"{key} = {shown!r}: SQLite URI file names (file:...) are not "
                           f"supported: expected the SQLite file, sqlite:////ABS/PATH.db")
     if db in ("", ":memory:"):
-        return value          # refused where a file is needed (`engine_from_config`)
+        # (`config show` took it; every command that opens the store refused it)
+        raise ConfigError(f"{key} = {shown!r}: an in-memory SQLite database: the state "
+                          f"would vanish at exit and no other command could read it; give "
+                          f"a file, sqlite:////ABS/PATH.db")
     if not os.path.isabs(db):
         raise ConfigError(f"{key} = {shown!r}: expected the SQLite file as an absolute path, "
                           f"sqlite:////ABS/PATH.db (four slashes; this one is relative to "

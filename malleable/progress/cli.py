@@ -170,7 +170,7 @@ def check_environment(env: Mapping[str, str]) -> None:
         raw = env.get(name, "").strip()
         value = env_int(raw, most) if raw else least
         if value is None or value < least:
-            fail(f"{name}={raw}: expected an integer from {least} to {most}")
+            fail(f"{name}={_shown(raw)}: expected an integer from {least} to {most}")
 
 
 def check_job_environment(env: Mapping[str, str]) -> None:

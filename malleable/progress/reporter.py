@@ -42,6 +42,7 @@ import json
 import math
 import operator
 import os
+import re
 import signal as _signal
 import stat
 import struct
@@ -467,7 +468,8 @@ class Reporter:
         ``batch_size``, else MALLEABLE_BATCH_SIZE (unset or blank: none).
 
         Raises:
-            ValueError: not inside a Slurm job (no SLURM_JOB_ID); MALLEABLE_BATCH_SIZE
+            ValueError: not inside a Slurm job (no SLURM_JOB_ID); a job id that is not
+                one Slurm gives (123 or 123_4); MALLEABLE_BATCH_SIZE
                 set to anything but an integer from 1 to `MAX_BATCH` (the message
                 names the variable and its value); or a bad value given here.
         """
@@ -476,6 +478,13 @@ class Reporter:
         if job_id is None:
             raise ValueError("SLURM_JOB_ID is not set: not running inside a Slurm job "
                              "(construct Reporter(job_id, spool_dir) directly)")
+        if not re.fullmatch(r"[0-9]{1,20}(_[0-9]{1,20})?", job_id):
+            # (the id names the progress file: '1\n2' or '5_²' wrote files the daemon never
+            # reads; `malleable report` refused them already)
+            shown = repr(job_id) if len(job_id) <= 60 else repr(job_id[:40]) + "..."
+            raise ValueError(f"job id {shown} (from SLURM_JOB_ID or SLURM_ARRAY_JOB_ID and "
+                             f"SLURM_ARRAY_TASK_ID): expected a Slurm job id such as 123 or "
+                             f"123_4 (it names the progress file <spool>/<id>.jsonl)")
         nodes = nodes_from_env(env)
         raw = env.get(ENV_BATCH, "").strip()
         if batch_size is None and raw:

@@ -143,8 +143,6 @@ def test_every_number_has_documented_bounds_and_its_upper_bound_is_inclusive(sec
 
 
 @pytest.mark.parametrize("section, key, value", [
-    ("database", "url", "sqlite://"),                       # in memory (the simulator's)
-    ("database", "url", "sqlite:///:memory:"),
     ("database", "url", "sqlite:////var/lib/malleable/x.db"),
     ("database", "url", "postgresql+psycopg://u:pw@db.example.org/malleable"),
     ("metrics", "address", ""),                             # off
@@ -307,3 +305,24 @@ def test_sighup_that_fails_while_applying_keeps_the_old_config_and_timers(servic
     assert _interval(service, "poll") == timedelta(seconds=30)
     assert any("reload refused" in r.getMessage() and "scheduler says no" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("url, message", [
+    # (a tester: `config show` took an in-memory store every other command refused)
+    ("sqlite://", "an in-memory SQLite database: the state would vanish at exit"),
+    ("sqlite:///:memory:", "an in-memory SQLite database: the state would vanish at exit"),
+    # (a C1 character or a byte that is not UTF-8 reached the file name; a NUL in the
+    # password dropped the port of the connection)
+    ("sqlite:////tmp/x%C2%85y.db", "the database name holds the control character "
+     "'\\x85' (percent-decoded)"),
+    ("sqlite:////tmp/x%FFy.db", "the database name holds U+FFFD, what percent-encoded bytes "
+     "that are not UTF-8 decode to"),
+    ("postgresql://u:p%00x@localhost:1/db", "the password holds the control character "
+     "'\\x00' (percent-decoded)"),
+    ("postgresql://u%00z:p@127.0.0.2:1/db", "the user holds the control character '\\x00'"),
+])
+def test_database_urls_that_cannot_be_a_state_store_are_refused(url, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"database": {"url": url}}, env={})
+    assert str(err.value).startswith("database.url = ") and message in str(err.value)
+    assert "p%00x" not in str(err.value)     # (the password stays hidden)

@@ -454,3 +454,13 @@ def test_finished_ignores_a_late_checkpoint_signal(tmp_path):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert [x["event"] for x in lines(tmp_path / "7.jsonl")] == ["started", "finished"]
+
+
+@pytest.mark.parametrize("env", [{"SLURM_JOB_ID": "1\n2"}, {"SLURM_JOB_ID": "12a"},
+                                 {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "5",
+                                  "SLURM_ARRAY_TASK_ID": "\u00b2"}])
+def test_a_job_id_slurm_never_gives_is_an_error(tmp_path, env):
+    """'1\\n2' and '5_²' made progress files the daemon never reads (a tester)."""
+    with pytest.raises(ValueError, match=r"^job id .*: expected a Slurm job id such as 123"):
+        Reporter.from_env(env, spool_dir=tmp_path, install_handler=False)
+    assert list(tmp_path.iterdir()) == []
