@@ -881,12 +881,16 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
         t = rec.get("time")
         if not isinstance(t, dict):
             raise TraceError(path, 0, f"{where}.time", t, "missing time object")
+        if t.get("submission") is None:
+            raise TraceError(path, 0, f"{where}.time.submission", None,
+                             "missing submission time")
         submit = _json_number(path, where, f"{where}.time.submission", t.get("submission"))
         start = _json_number(path, where, f"{where}.time.start", t.get("start", 0))
         end = _json_number(path, where, f"{where}.time.end", t.get("end", 0))
         if submit is None or submit <= 0:
             raise TraceError(path, 0, f"{where}.time.submission", t.get("submission"),
-                             "missing submission time")
+                             "missing submission time" if submit is None else
+                             "not a submission time (seconds since 1970, > 0)")
         if not start or not end:
             skipped += 1   # never started, or still running
             continue

@@ -775,3 +775,16 @@ def test_swf_and_sacct_text_counts_are_ascii_integers_within_int64(tmp_path):
             load_sacct(f)
         assert (err.value.line, err.value.field) == (2, field), str(err.value)
         assert len(str(err.value)) < 400
+
+
+@pytest.mark.parametrize("submission, problem", [
+    (None, "missing submission time"), (-5, "not a submission time (seconds since 1970, > 0)"),
+    (0, "not a submission time (seconds since 1970, > 0)")])
+def test_sacct_json_names_a_missing_or_negative_submission_time(tmp_path, submission, problem):
+    """-5 was reported as missing, though present (a tester)."""
+    f = tmp_path / "s.json"
+    time = {} if submission is None else {"submission": submission}
+    f.write_text(json.dumps({"jobs": [{"job_id": 1, "time": time}]}))
+    with pytest.raises(TraceError) as err:
+        load_sacct(f)
+    assert err.value.field == "jobs[0].time.submission" and str(err.value).endswith(problem)
