@@ -60,8 +60,10 @@ from malleable.progress.reporter import (
 )
 
 TAIL_BYTES = 64 * 1024
-_JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,20})?")   # squeue's ids: 123, 123_4 (array task)
-_NUMBER = re.compile(r"[0-9]{1,20}")
+# squeue's ids: 123, 123_4 (array task; task ids start at 0, job ids at 1), never with a
+# leading zero (007.jsonl is never read: squeue shows 7)
+_JOB_ID = re.compile(r"[1-9][0-9]{0,19}(_(0|[1-9][0-9]{0,19}))?")
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,19}")
 
 
 def read_tail(path: str) -> bytes:
@@ -230,7 +232,7 @@ class _Context:
         """
         env = os.environ
         if job is not None and not _JOB_ID.fullmatch(job):   # '' too: not "unset"
-            fail(f"--job={job or repr(job)}: expected a Slurm job id such as 123 or 123_4 "
+            fail(f"--job={_shown(job)!r}: expected a Slurm job id such as 123 or 123_4 "
                  f"(the daemon reads <spool>/<id>.jsonl by the id squeue shows)")
         job_id = job if job is not None else job_id_from_env(env)
         if not job_id:

@@ -478,7 +478,7 @@ class Reporter:
         if job_id is None:
             raise ValueError("SLURM_JOB_ID is not set: not running inside a Slurm job "
                              "(construct Reporter(job_id, spool_dir) directly)")
-        if not re.fullmatch(r"[0-9]{1,20}(_[0-9]{1,20})?", job_id):
+        if not re.fullmatch(r"[1-9][0-9]{0,19}(_(0|[1-9][0-9]{0,19}))?", job_id):
             # (the id names the progress file: '1\n2' or '5_²' wrote files the daemon never
             # reads; `malleable report` refused them already)
             shown = repr(job_id) if len(job_id) <= 60 else repr(job_id[:40]) + "..."

@@ -269,17 +269,22 @@ def test_a_value_out_of_the_formats_range_is_refused(tmp_path):
     assert path.read_bytes() == before
 
 
-@pytest.mark.parametrize("job", ["abc", "123_", "j" * 70, "1" * 70, "12+0", "-5"])
+@pytest.mark.parametrize("job", ["abc", "123_", "j" * 70, "1" * 70, "12+0", "-5", "007",
+                                 "0", "12_04", "1\n2"])
 def test_a_job_id_squeue_would_not_show_is_refused(tmp_path, job):
     """The daemon reads <spool>/<id>.jsonl by the id squeue shows (123, 123_4): a line
-    under another name would never be read (from the new-user helper: --job abc passed)."""
+    under another name would never be read (from the new-user helper: --job abc passed;
+    a tester: 007 and 0 passed, and '1\\n2' made a two-line error)."""
     res = run(["progress", "--step", "1", "--samples", "1", "--batch", "8", "--job", job],
               session_env(tmp_path))
-    refused(res, f"--job={job}: expected a Slurm job id such as 123 or 123_4 (the daemon "
+    shown = job if len(job) <= 60 else f"{job[:40]}... ({len(job)} characters)"
+    refused(res, f"--job={shown!r}: expected a Slurm job id such as 123 or 123_4 (the daemon "
                  f"reads <spool>/<id>.jsonl by the id squeue shows)")
     assert list(tmp_path.iterdir()) == []
     res = run(["started", "--batch", "8", "--job", "123_4"], session_env(tmp_path))
     assert res.exit_code == 0 and (tmp_path / "123_4.jsonl").exists()
+    res = run(["started", "--batch", "8", "--job", "120_0"], session_env(tmp_path))
+    assert res.exit_code == 0 and (tmp_path / "120_0.jsonl").exists()
 
 
 def test_a_huge_step_or_a_long_path_is_one_error_line_not_a_traceback(tmp_path):
