@@ -465,7 +465,8 @@ class Reporter:
         `gpus_per_node_from_env`); the spool directory from ``spool_dir``, else
         MALLEABLE_SPOOL, else /var/spool/malleable/progress; the signal from
         ``signal``, else MALLEABLE_SIGNAL, else USR1; the batch size from
-        ``batch_size``, else MALLEABLE_BATCH_SIZE (unset or blank: none).
+        ``batch_size``, else MALLEABLE_BATCH_SIZE (unset or blank: none). A malformed
+        count (restarts, GPUs, nodes) is read as its default, and said once on stderr.
 
         Raises:
             ValueError: not inside a Slurm job (no SLURM_JOB_ID); a job id that is not
@@ -499,6 +500,22 @@ class Reporter:
                   gpus=gpus_per_node_from_env(env) * nodes, nodes=nodes,
                   batch_size=batch_size, signal=signal or env.get(ENV_SIGNAL) or "USR1",
                   install_handler=install_handler, clock=clock)
+        # Malformed counts are read as their defaults (training must not stop over a
+        # report), but said once: a restart count of 0 after a requeue gets the job's
+        # lines refused as stale, and 0 GPUs prices it wrongly (`malleable report`
+        # refuses them).
+        for name, least, most, used in (
+                ("SLURM_RESTART_COUNT", 0, MOST_RESTARTS, f"restart {rep.restart_count}"),
+                ("SLURM_GPUS_ON_NODE", 0, MOST_GPUS_PER_NODE, f"{rep.gpus} GPUs in all"),
+                ("SLURM_JOB_NUM_NODES", 1, MOST_NODES, f"{nodes} node(s)"),
+                ("SLURM_NNODES", 1, MOST_NODES, f"{nodes} node(s)")):
+            raw_count = env.get(name, "").strip()
+            value = env_int(raw_count, most)
+            if raw_count and (value is None or value < least):
+                shown = raw_count if len(raw_count) <= 40 else \
+                    f"{raw_count[:20]}... ({len(raw_count)} characters)"
+                rep._warn(f"env-{name}", f"{name}={shown!r} is not a count from {least} to "
+                          f"{most}: ignored (using {used})")
         if not os.path.isabs(os.fspath(spool)):   # (`malleable report` refuses one)
             rep._warn("relative-spool", f"spool {os.fspath(spool)!r} is a relative path: lines "
                       f"go to {os.path.abspath(rep.path)}, which the daemon reads only if "

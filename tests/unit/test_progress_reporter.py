@@ -464,3 +464,22 @@ def test_a_job_id_slurm_never_gives_is_an_error(tmp_path, env):
     with pytest.raises(ValueError, match=r"^job id .*: expected a Slurm job id such as 123"):
         Reporter.from_env(env, spool_dir=tmp_path, install_handler=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_malformed_count_in_the_environment_is_said_once(tmp_path, capsys):
+    """Read as its default (training must not stop), but no longer silently: a restart
+    count of 0 after a requeue gets the job's lines refused as stale (a tester)."""
+    env = {"SLURM_JOB_ID": "3", "SLURM_RESTART_COUNT": "\u00b2", "SLURM_NNODES": "0",
+           "SLURM_GPUS_ON_NODE": "9" * 5000}
+    rep = Reporter.from_env(env, spool_dir=tmp_path, install_handler=False)
+    assert (rep.restart_count, rep.nodes, rep.gpus) == (0, 1, 0)
+    err = capsys.readouterr().err.splitlines()
+    assert "malleable reporter: SLURM_RESTART_COUNT='\u00b2' is not a count from 0 to " \
+        "2147483647: ignored (using restart 0)" in err
+    assert "malleable reporter: SLURM_NNODES='0' is not a count from 1 to 1048576: ignored " \
+        "(using 1 node(s))" in err
+    assert any(x.startswith("malleable reporter: SLURM_GPUS_ON_NODE='99999999999999999999... "
+                            "(5000 characters)'") for x in err)
+    Reporter.from_env({"SLURM_JOB_ID": "3", "SLURM_RESTART_COUNT": "0", "SLURM_NNODES": "2",
+                       "SLURM_GPUS_ON_NODE": "0"}, spool_dir=tmp_path, install_handler=False)
+    assert capsys.readouterr().err == ""
