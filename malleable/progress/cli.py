@@ -47,23 +47,19 @@ from malleable.progress.lines import (
 from malleable.progress.reporter import (
     DEFAULT_SPOOL,
     ENV_BATCH,
+    ENV_COUNTS,
     ENV_SPOOL,
+    JOB_ID,
     MAX_BATCH,
     MAX_INT,
     MAX_LINE_BYTES,
-    MOST_GPUS_PER_NODE,
-    MOST_NODES,
-    MOST_RESTARTS,
     Reporter,
     env_int,
     job_id_from_env,
 )
 
 TAIL_BYTES = 64 * 1024
-# squeue's ids: 123, 123_4 (array task; task ids start at 0, job ids at 1), never with a
-# leading zero (007.jsonl is never read: squeue shows 7)
-_JOB_ID = re.compile(r"[1-9][0-9]{0,19}(_(0|[1-9][0-9]{0,19}))?")
-_NUMBER = re.compile(r"0|[1-9][0-9]{0,19}")
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,19}")   # one part of a job id (`JOB_ID`)
 
 
 def read_tail(path: str) -> bytes:
@@ -146,10 +142,7 @@ def _shown(value: object) -> str:
 
 
 # Environment values the line takes, and the least each may be (`check_environment`).
-_ENV_COUNTS = (("SLURM_RESTART_COUNT", 0, MOST_RESTARTS),
-               ("SLURM_GPUS_ON_NODE", 0, MOST_GPUS_PER_NODE),
-               ("SLURM_JOB_NUM_NODES", 1, MOST_NODES), ("SLURM_NNODES", 1, MOST_NODES),
-               (ENV_BATCH, 1, MAX_BATCH))
+_ENV_COUNTS = (*ENV_COUNTS, (ENV_BATCH, 1, MAX_BATCH))
 
 
 def check_environment(env: Mapping[str, str]) -> None:
@@ -158,8 +151,7 @@ def check_environment(env: Mapping[str, str]) -> None:
     The Python `Reporter` reads a malformed SLURM_RESTART_COUNT, SLURM_GPUS_ON_NODE,
     SLURM_JOB_NUM_NODES or SLURM_NNODES as its default (training must not stop over a
     report); a shell command can say so instead. Each must be ASCII digits within its
-    bounds (`MOST_RESTARTS`, `MOST_GPUS_PER_NODE`, `MOST_NODES`; MALLEABLE_BATCH_SIZE
-    from 1 to `MAX_BATCH`).
+    bounds (`ENV_COUNTS`; MALLEABLE_BATCH_SIZE from 1 to `MAX_BATCH`).
 
     Args:
         env: the environment (unset or blank variables pass).
@@ -231,7 +223,7 @@ class _Context:
                 size known (one line on stderr).
         """
         env = os.environ
-        if job is not None and not _JOB_ID.fullmatch(job):   # '' too: not "unset"
+        if job is not None and not JOB_ID.fullmatch(job):   # '' too: not "unset"
             fail(f"--job={_shown(job)!r}: expected a Slurm job id such as 123 or 123_4 "
                  f"(the daemon reads <spool>/<id>.jsonl by the id squeue shows)")
         job_id = job if job is not None else job_id_from_env(env)

@@ -99,6 +99,17 @@ MOST_NODES = 2**20
 MOST_RESTARTS = 2**31 - 1
 
 
+#: The counts a job line takes from the environment: (variable, least, most). A value
+#: outside them is malformed: `Reporter.from_env` reads it as its default and says so,
+#: ``malleable report`` refuses it.
+ENV_COUNTS = (("SLURM_RESTART_COUNT", 0, MOST_RESTARTS),
+              ("SLURM_GPUS_ON_NODE", 0, MOST_GPUS_PER_NODE),
+              ("SLURM_JOB_NUM_NODES", 1, MOST_NODES), ("SLURM_NNODES", 1, MOST_NODES))
+#: A job id as squeue shows it: 123, or 123_4 for an array task (task ids start at 0,
+#: job ids at 1), never with a leading zero (007.jsonl is never read: squeue shows 7).
+JOB_ID = re.compile(r"[1-9][0-9]{0,19}(_(0|[1-9][0-9]{0,19}))?")
+
+
 def env_int(text: str, most: int) -> int | None:
     """The count an environment value spells, or None if it is not a count.
 
@@ -479,7 +490,7 @@ class Reporter:
         if job_id is None:
             raise ValueError("SLURM_JOB_ID is not set: not running inside a Slurm job "
                              "(construct Reporter(job_id, spool_dir) directly)")
-        if not re.fullmatch(r"[1-9][0-9]{0,19}(_(0|[1-9][0-9]{0,19}))?", job_id):
+        if not JOB_ID.fullmatch(job_id):
             # (the id names the progress file: '1\n2' or '5_²' wrote files the daemon never
             # reads; `malleable report` refused them already)
             shown = repr(job_id) if len(job_id) <= 60 else repr(job_id[:40]) + "..."
@@ -504,18 +515,16 @@ class Reporter:
         # report), but said once: a restart count of 0 after a requeue gets the job's
         # lines refused as stale, and 0 GPUs prices it wrongly (`malleable report`
         # refuses them).
-        for name, least, most, used in (
-                ("SLURM_RESTART_COUNT", 0, MOST_RESTARTS, f"restart {rep.restart_count}"),
-                ("SLURM_GPUS_ON_NODE", 0, MOST_GPUS_PER_NODE, f"{rep.gpus} GPUs in all"),
-                ("SLURM_JOB_NUM_NODES", 1, MOST_NODES, f"{nodes} node(s)"),
-                ("SLURM_NNODES", 1, MOST_NODES, f"{nodes} node(s)")):
+        used = {"SLURM_RESTART_COUNT": f"restart {rep.restart_count}",
+                "SLURM_GPUS_ON_NODE": f"{rep.gpus} GPUs in all"}
+        for name, least, most in ENV_COUNTS:
             raw_count = env.get(name, "").strip()
             value = env_int(raw_count, most)
             if raw_count and (value is None or value < least):
                 shown = raw_count if len(raw_count) <= 40 else \
                     f"{raw_count[:20]}... ({len(raw_count)} characters)"
                 rep._warn(f"env-{name}", f"{name}={shown!r} is not a count from {least} to "
-                          f"{most}: ignored (using {used})")
+                          f"{most}: ignored (using {used.get(name, f'{nodes} node(s)')})")
         if not os.path.isabs(os.fspath(spool)):   # (`malleable report` refuses one)
             rep._warn("relative-spool", f"spool {os.fspath(spool)!r} is a relative path: lines "
                       f"go to {os.path.abspath(rep.path)}, which the daemon reads only if "

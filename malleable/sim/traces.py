@@ -839,10 +839,6 @@ def _load_sacct_json(path: Path) -> tuple[list[TraceJob], int]:
             doc = json.load(fh, parse_int=_json_int)
     except json.JSONDecodeError as exc:
         raise TraceError(path, exc.lineno, "json", exc.msg, "not valid JSON") from None
-    except ValueError as exc:
-        # Python refuses to read an integer of more than 4,300 digits (int_max_str_digits)
-        raise TraceError(path, 0, "", None, f"not a sacct --json export: a value Python's "
-                         f"JSON reader refuses ({str(exc).split(';')[0]})") from None
     except RecursionError:
         # (Python's decoder recurses per nesting level: a file of 100000 '[' stops it)
         raise TraceError(path, 0, "", None, f"JSON nested too deeply to read (lists or "
