@@ -55,6 +55,7 @@ from malleable.daemon.actuator import Actuator, DriveReport
 from malleable.daemon.estimates import (
     ESTIMATOR_MODEL,
     EstimatorBook,
+    StoredEstimates,
     estimate_params_all,
     json_floats,
 )
@@ -209,6 +210,7 @@ class Daemon:
         self.nodes_refresh_s = nodes_refresh_s
         self.seed = seed
         self.book = EstimatorBook()
+        self.stored_estimates = StoredEstimates()   # what the last cycles stored, per job
         self.inputs_cache = InputsCache()   # job-event values between cycles
         self.cursors = Cursors()
         self.actuator = Actuator(slurm, sessions)
@@ -609,8 +611,14 @@ class Daemon:
         transaction). None: no node list, no decision."""
         if not self._nodes_for_decision(now):
             return None
-        with self.sessions() as s, s.begin():
-            return self._decide_in(s, now, report)
+        try:
+            with self.sessions() as s, s.begin():
+                out = self._decide_in(s, now, report)
+        except BaseException:
+            self.stored_estimates.clear()   # (not committed)
+            raise
+        self.stored_estimates.committed(now)
+        return out
 
     def _nodes_for_decision(self, now: datetime) -> bool:
         """The node list is current (re-read if old; an RPC); False, logged, if none."""
@@ -642,11 +650,14 @@ class Daemon:
         remaining, remaining_sd = (json_floats(est.remaining_work),
                                    json_floats(est.remaining_std))
         flags = np.asarray(est.flags).tolist()
-        store.record_estimates(s, ({
+        # Only the estimates that changed (`StoredEstimates`): a waiting job's stays
+        # the same for many cycles.
+        store.record_estimates(s, self.stored_estimates.changed([{
             "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
             "params": params[i], "remaining_work": remaining[i],
             "remaining_work_sd": remaining_sd[i],
-            "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)))
+            "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)],
+            now, self.config.daemon.lease_timeout_s))
         report.decision_id = d
         report.objective = objective
         report.managed = len(inputs.jobs)
@@ -872,9 +883,14 @@ class Daemon:
             return self._end(report, t0, rpc0)
         # The decision, its targets and estimates, and the actions it needs: one
         # transaction.
-        with self.sessions() as s, s.begin():
-            inputs, alloc = self._decide_in(s, now, report)
-            self.apply(now, inputs, alloc, report, report.paused, session=s)
+        try:
+            with self.sessions() as s, s.begin():
+                inputs, alloc = self._decide_in(s, now, report)
+                self.apply(now, inputs, alloc, report, report.paused, session=s)
+        except BaseException:
+            self.stored_estimates.clear()   # (not committed: they may not be stored)
+            raise
+        self.stored_estimates.committed(now)
         # Drive again only what apply created: every older action was driven as far
         # as it could go at this instant above (apply only ends some of them).
         if not (self.dry_run or report.paused) and report.planned:

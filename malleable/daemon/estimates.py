@@ -17,8 +17,9 @@ remaining-work estimates for jobs without a declared target (`WorkHistory`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 from sqlalchemy import bindparam, func, select
@@ -399,6 +400,66 @@ def estimate_params_all(est: Estimates) -> list[dict]:
                             json_floats(est.progress), json_floats(est.m0))
     return [{"u": u[i], "log_sd": sd[i], "p": p[i], "phi": phi[i], "progress": progress[i],
              "m0": m0[i]} for i in range(len(u))]
+
+
+class StoredEstimates:
+    """The estimate this daemon last stored per managed job, so that a decide cycle
+    writes a job's estimate only when it changed.
+
+    An ``estimates`` row says what the estimators made of a job from its ``time``
+    on; while a job waits without new progress or new priors its estimate stays
+    the same from cycle to cycle, and rewriting it each cycle was most of a
+    decide cycle's writes in a long queue (one row per managed job per cycle).
+    The newest row of each job is what readers use (`malleable status`, the
+    priors learned from finished jobs), and it holds the same values either way.
+
+    The daemon is the only writer of estimates while it holds the lease. What it
+    kept is forgotten when a decide cycle did not commit (`clear`) and after a
+    gap longer than ``max_gap_s`` between committed cycles (another daemon may
+    have written estimates meanwhile), so that the next cycle writes every job's
+    estimate again.
+    """
+
+    def __init__(self) -> None:
+        self._stored: dict[int, tuple] = {}
+        self._staged: dict[int, tuple] | None = None
+        self._at: datetime | None = None
+
+    def changed(self, rows: Sequence[Mapping], now: datetime, max_gap_s: float) -> list:
+        """The rows to write this cycle: those whose job has no stored estimate or a
+        different one (model, params, remaining work and its sd, flags).
+
+        Args:
+            rows: `malleable.db.store.record_estimates` rows of this cycle's jobs.
+            now: the cycle's time (aware datetime).
+            max_gap_s: seconds since the last committed cycle beyond which nothing
+                kept is trusted (the lease timeout).
+
+        Returns:
+            The subset of ``rows`` to store, in order. They count as stored once
+            `committed` is called.
+        """
+        if self._at is None or (now - self._at).total_seconds() > max_gap_s:
+            self._stored.clear()
+        staged, out = {}, []
+        for r in rows:
+            key = (r["model"], r["params"], r["remaining_work"], r["remaining_work_sd"],
+                   r["flags"])
+            staged[r["job_id"]] = key
+            if self._stored.get(r["job_id"]) != key:
+                out.append(r)
+        self._staged = staged
+        return out
+
+    def committed(self, now: datetime) -> None:
+        """The cycle's transaction committed: the rows `changed` saw are the stored
+        ones (jobs no longer managed are forgotten)."""
+        if self._staged is not None:
+            self._stored, self._staged, self._at = self._staged, None, now
+
+    def clear(self) -> None:
+        """Forget everything (the cycle's transaction did not commit)."""
+        self._stored, self._staged, self._at = {}, None, None
 
 
 def _chunks(seq: list, n: int):

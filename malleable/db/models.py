@@ -122,7 +122,9 @@ class JobEvent(Base):
     """
 
     __tablename__ = "job_events"
-    __table_args__ = (Index("ix_job_events_job_time", "job_id", "time"),)
+    __table_args__ = (Index("ix_job_events_job_time", "job_id", "time"),
+                      # the rare kinds read per cycle, e.g. no_checkpoint (revision 0005)
+                      Index("ix_job_events_kind_job", "kind", "job_id", "time"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(_job_fk())
@@ -255,6 +257,8 @@ class Action(Base):
     __table_args__ = (
         Index("ix_actions_job_id", "job_id"),
         Index("ix_actions_decision_id", "decision_id"),
+        # a job's latest finished hold change, read per cycle (revision 0005)
+        Index("ix_actions_job_state_kind", "job_id", "state", "kind", "finished_at"),
         Index("ix_actions_unfinished", "job_id",
               sqlite_where=text("finished_at IS NULL"),
               postgresql_where=text("finished_at IS NULL")),

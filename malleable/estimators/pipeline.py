@@ -257,9 +257,13 @@ def estimate(state: EstimatorState, specs: JobSpecs, prior: ThroughputPrior | No
     # with the cluster default's shape in every cycle, so the prior stays put and the
     # speedup over k is the prior's where the data say nothing of it. (At k = 1 the
     # data never touch synchronisation or gamma, so the fit leaves them at the prior.)
+    # A job with no samples has the cluster default's tau in every cycle: its last
+    # "fit" is the prior itself, and carrying that prior's tau through u and back
+    # moved it by a rounding error each cycle (a waiting job's estimate changed, and
+    # was stored again, every cycle).
     log_tau = _log_tau_from_u(state.u, m0)
     one_k = has & (kmax == kmin) & (kmin >= 2)
-    known_tau = np.isfinite(log_tau) & ~one_k
+    known_tau = np.isfinite(log_tau) & ~one_k & has
     if not known_tau.all():  # (new jobs and jobs seen at one k >= 2)
         log_tau = np.where(known_tau, log_tau, _log_tau_from_data(ck, cn, cm, w, y, m0, config))
     mu, sd, given = _prior(m0, log_tau, config, prior)

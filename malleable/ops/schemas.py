@@ -195,7 +195,9 @@ STATUS = _schema("malleable.status/1", "malleable status",
                                            "steps, samples or epochs), curve (learning curve "
                                            "to a target metric), history (finished jobs' "
                                            "sizes; grows while the job runs) or default"),
-        "estimate_time": _time("when the latest estimate was made"),
+        "estimate_time": _time("when the latest estimate was made (the daemon stores an "
+                               "estimate when it changes, so a waiting job's can be older "
+                               "than the last decision)"),
         "last_action": _ref("action", "its newest action", nullable=True),
     })),
 }, {"action": ACTION, "policy": POLICY})

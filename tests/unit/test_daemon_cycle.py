@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from malleable.config import parse_config
-from malleable.daemon.cycle import Daemon
+from malleable.daemon.cycle import CycleReport, Daemon
 from malleable.db import schema, store
 from malleable.db.engine import make_engine, session_factory
 from malleable.db.models import VANISHED, Action, Decision, Job, JobEvent, Target
@@ -676,3 +676,58 @@ def test_an_invalid_spec_is_logged_once_when_first_seen(tmp_path, caplog):
     assert "left to Slurm as a rigid job: malleable spec: step=4: after a blank" in \
         said[0].getMessage()
     assert said[0].job == j
+
+
+def test_a_decide_cycle_stores_a_job_estimate_only_when_it_changed(tmp_path):
+    """A waiting job's estimate stays the same from cycle to cycle: it is stored once
+    (`StoredEstimates`), its newest row has this cycle's values, and a cycle whose
+    transaction did not commit (a trigger raising in the real SQLite) makes the next
+    one store every job's estimate again."""
+    import sqlalchemy.exc
+    from sqlalchemy import func, text
+
+    from malleable.db.models import Estimate
+
+    c = Cluster(tmp_path, nodes=1)
+    a, b = c.malleable(), c.malleable()   # one 4-GPU node: b waits
+    waiting = c.malleable(1, 4)
+    c.advance(1)
+
+    def rows(job_id: str) -> list[Estimate]:
+        with c.sessions() as s:
+            return list(s.scalars(select(Estimate).where(Estimate.job_id == c.db_id(job_id))
+                                  .order_by(Estimate.id)))
+
+    def count() -> int:
+        with c.sessions() as s:
+            return s.scalar(select(func.count()).select_from(Estimate))
+
+    for _ in range(4):
+        c.advance(20)
+        c.daemon.decide_cycle()
+    assert c.job(waiting).state == JobState.PENDING
+    stored = rows(waiting)
+    assert len(stored) == 1 and stored[0].params["progress"] == 0.0
+    # Running jobs report progress: theirs change and are stored again.
+    assert len(rows(a)) > 1 and len(rows(b)) > 1
+    # The newest row is what this cycle computed, for every job.
+    inputs, _ = c.daemon.decide(c.engine.datetime_at(), CycleReport("decide", 0,
+                                                                     c.engine.datetime_at()))
+    for i, j in enumerate(inputs.jobs):
+        assert rows(j.slurm_job_id)[-1].params["progress"] == \
+            pytest.approx(float(inputs.estimates.progress[i]))
+    # A cycle that does not commit: nothing it wrote is stored, and the next cycle
+    # writes all three jobs' estimates.
+    with c.sessions() as s, s.begin():
+        s.execute(text("CREATE TRIGGER full BEFORE INSERT ON decisions "
+                       "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"))
+    c.advance(20)
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="disk is full"):
+        c.daemon.decide_cycle()
+    with c.sessions() as s, s.begin():
+        s.execute(text("DROP TRIGGER full"))
+    before = count()
+    c.advance(20)
+    c.daemon.decide_cycle()
+    assert count() == before + 3
+    assert len(rows(waiting)) == 2

@@ -251,3 +251,31 @@ def test_job_specs_cache_gives_what_a_fresh_read_gives():
                 assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True), f.name
         assert set(cache) == {j.id for j in jobs}
     assert cache[3][3][-1] == "name:alice/renamed"
+
+
+def test_stored_estimates_are_forgotten_after_a_gap_or_an_uncommitted_cycle():
+    from datetime import UTC, datetime, timedelta
+
+    from malleable.daemon.estimates import StoredEstimates
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def row(job_id, w):
+        return {"job_id": job_id, "time": t0, "model": "pollux", "params": {"u": [1.0]},
+                "remaining_work": w, "remaining_work_sd": 0.0, "flags": {"bits": 0}}
+
+    kept = StoredEstimates()
+    assert [r["job_id"] for r in kept.changed([row(1, 5.0), row(2, 6.0)], t0, 90)] == [1, 2]
+    kept.committed(t0)
+    t1 = t0 + timedelta(seconds=60)
+    assert [r["job_id"] for r in kept.changed([row(1, 5.0), row(2, 7.0)], t1, 90)] == [2]
+    kept.committed(t1)
+    # Not committed: what that cycle saw is not taken as stored.
+    t2 = t1 + timedelta(seconds=60)
+    assert kept.changed([row(1, 8.0), row(2, 7.0)], t2, 90) == [row(1, 8.0)]
+    assert kept.changed([row(1, 8.0), row(2, 7.0)], t2, 90) == [row(1, 8.0)]
+    kept.clear()
+    assert len(kept.changed([row(1, 8.0), row(2, 7.0)], t2, 90)) == 2
+    kept.committed(t2)
+    # A longer gap than the lease timeout: another daemon may have written meanwhile.
+    assert len(kept.changed([row(1, 8.0), row(2, 7.0)], t2 + timedelta(seconds=91), 90)) == 2

@@ -109,6 +109,24 @@ def test_warm_start_is_stable_without_new_samples():
     np.testing.assert_allclose(t2.goodput, t1.goodput, rtol=1e-2)
 
 
+def test_a_job_without_samples_keeps_its_estimate_bit_for_bit():
+    """Job 1 waits with no sample: its estimate is the cluster default's in every
+    cycle, exactly (carrying its tau through u and back once moved it by a rounding
+    error per cycle, and the daemon stored every waiting job's estimate each cycle)."""
+    spec = specs_for(2, 32.0)
+    b = batch_of(job_samples(0, [(1, 1, 32, 10)], params=P))
+    k = candidate_grid(np.array([8, 8]), 4, 8)
+    state, first, t_first = cycle(EstimatorState.empty(2), b, spec, k, 4)
+    z = np.zeros(0)
+    empty = ProgressBatch(job=z, t=z, step=z, samples=z, gpus=z, nodes=z, batch=z)
+    for _ in range(5):
+        state, est, table = cycle(state, empty, spec, k, 4)
+        assert est.u[1].tolist() == first.u[1].tolist()
+        assert est.log_sd[1].tolist() == first.log_sd[1].tolist()
+        assert table.goodput[1].tolist() == t_first.goodput[1].tolist()
+    assert est.from_prior.tolist() == [False, True]
+
+
 def test_estimates_expose_params_and_from_prior():
     spec = specs_for(2, 32.0)
     b = batch_of(job_samples(0, [(1, 1, 32, 10)], params=P))
