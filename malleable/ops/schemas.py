@@ -195,9 +195,9 @@ STATUS = _schema("malleable.status/1", "malleable status",
                                            "steps, samples or epochs), curve (learning curve "
                                            "to a target metric), history (finished jobs' "
                                            "sizes; grows while the job runs) or default"),
-        "estimate_time": _time("when the latest estimate was made (the daemon stores an "
-                               "estimate when it changes, so a waiting job's can be older "
-                               "than the last decision)"),
+        "estimate_time": _time("when the latest estimate was made (the daemon stores a "
+                               "job's estimate when it changes, so it can be older than the "
+                               "last decision)"),
         "last_action": _ref("action", "its newest action", nullable=True),
     })),
 }, {"action": ACTION, "policy": POLICY})
@@ -283,7 +283,8 @@ JOB = _schema("malleable.job/1", "malleable job show",
             "throughput": _null("number", "samples per second over the run")})),
     }),
     "estimate": _obj("its latest estimate", {
-        "time": _time("when", nullable=False),
+        "time": _time("when it was made (the daemon stores a job's estimate when it "
+                      "changes, so it can be older than the last decision)", nullable=False),
         "model": _t("string", "throughput model (pollux)"),
         "remaining_work": _null("number", "remaining work, samples at m0"),
         "remaining_work_sd": _null("number", "its standard deviation"),
