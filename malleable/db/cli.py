@@ -201,14 +201,26 @@ def db() -> None:
 @store_options
 @click.option("--to", "to", default="head", show_default=True, metavar="REV",
               help="revision to upgrade to.")
+@click.option("--force", is_flag=True,
+              help="Upgrade even while a daemon holds the lease with a fresh heartbeat.")
 @_with_engine(create=True)
-def upgrade(engine: Engine, to: str) -> None:
+def upgrade(engine: Engine, to: str, force: bool) -> None:
     """Create the schema in an empty database or upgrade it (creates a missing SQLite file
     and its missing directories, and says so; if that fails, they are removed again).
 
     A database that holds other tables but no malleable schema version (another
     application's) is refused, naming a few of its tables; nothing is written to it.
+    Stop the daemon first (systemctl stop malleable): the command refuses while a
+    daemon holds the lease with a heartbeat within [daemon] lease_timeout_s (or the
+    holder's own, if larger), unless --force (a migration locks the tables it changes,
+    and the running daemon's cycles fail until it ends).
     """
+    ctx = click.get_current_context()
+    if not force:
+        holder = _live_holder(engine, ctx.meta[_CONFIG_KEY].daemon.lease_timeout_s)
+        if holder is not None:
+            _fail(ctx, f"a daemon is running on this database: {holder}; stop it first "
+                       "(systemctl stop malleable), or pass --force")
     before, after = schema.upgrade(engine, to)
     where = describe_url(engine.url)
     if before == after:

@@ -205,6 +205,33 @@ def test_downgrade_is_refused_while_a_daemon_holds_the_lease(tmp_path, monkeypat
     eng.dispose()
 
 
+def test_upgrade_is_refused_while_a_daemon_holds_the_lease(tmp_path, monkeypatch):
+    """`db upgrade` under a running daemon went ahead while `db downgrade` refused: a
+    migration locks the tables it changes (0005 indexes the events and actions), so the
+    daemon's cycles failed until it ended (a tester). Refused alike, unless --force."""
+    from datetime import UTC, datetime
+
+    from click.testing import CliRunner
+
+    from malleable.cli import main
+    from malleable.db.lease import acquire_lease
+
+    monkeypatch.delenv("MALLEABLE_CONFIG", raising=False)
+    monkeypatch.delenv("MALLEABLE_DATABASE_URL", raising=False)
+    url = f"sqlite:///{tmp_path}/m.db"
+    run = CliRunner().invoke
+    assert run(main, ["db", "upgrade", "--to", "0004", "--database-url", url]).exit_code == 0
+    eng = make_engine(url)
+    acquire_lease(eng, "node1:4242", timeout_s=60, now=datetime.now(UTC))
+    r = run(main, ["db", "upgrade", "--database-url", url])
+    assert r.exit_code == 2
+    assert "a daemon is running on this database: node1:4242 (heartbeat" in r.output
+    assert schema.schema_status(eng).current == "0004"
+    r = run(main, ["db", "upgrade", "--force", "--database-url", url])
+    assert r.exit_code == 0 and f"from 0004 to {SHIPPED}" in r.output, r.output
+    eng.dispose()
+
+
 def test_downgrade_help_lists_the_revisions_newest_first(newer_malleable):
     """`db downgrade --help` named no revision: it lists every one the migration scripts
     hold (id and the docstring's first line), newest first, then base; read when the
