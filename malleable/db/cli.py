@@ -215,12 +215,8 @@ def upgrade(engine: Engine, to: str, force: bool) -> None:
     holder's own, if larger), unless --force (a migration locks the tables it changes,
     and the running daemon's cycles fail until it ends).
     """
-    ctx = click.get_current_context()
     if not force:
-        holder = _live_holder(engine, ctx.meta[_CONFIG_KEY].daemon.lease_timeout_s)
-        if holder is not None:
-            _fail(ctx, f"a daemon is running on this database: {holder}; stop it first "
-                       "(systemctl stop malleable), or pass --force")
+        _refuse_while_running(engine)
     before, after = schema.upgrade(engine, to)
     where = describe_url(engine.url)
     if before == after:
@@ -266,6 +262,16 @@ def _live_holder(engine: Engine, timeout_s: float) -> str | None:
     return f"{h.holder} (heartbeat {h.heartbeat_age_s:.0f} s ago)" if h.live else None
 
 
+def _refuse_while_running(engine: Engine) -> None:
+    """Exit 2, naming the holder, when a live daemon holds the lease (`_live_holder`,
+    with [daemon] lease_timeout_s): a schema change under it fails its cycles."""
+    ctx = click.get_current_context()
+    holder = _live_holder(engine, ctx.meta[_CONFIG_KEY].daemon.lease_timeout_s)
+    if holder is not None:
+        _fail(ctx, f"a daemon is running on this database: {holder}; stop it first "
+                   "(systemctl stop malleable), or pass --force")
+
+
 @db.command(cls=_DowngradeCommand)
 @store_options
 @click.argument("rev")
@@ -279,12 +285,8 @@ def downgrade(engine: Engine, rev: str, force: bool) -> None:
     daemon holds the lease with a heartbeat within [daemon] lease_timeout_s (or the
     holder's own, if larger), unless --force.
     """
-    ctx = click.get_current_context()
     if not force:
-        holder = _live_holder(engine, ctx.meta[_CONFIG_KEY].daemon.lease_timeout_s)
-        if holder is not None:
-            _fail(ctx, f"a daemon is running on this database: {holder}; stop it first "
-                       "(systemctl stop malleable), or pass --force")
+        _refuse_while_running(engine)
     before, after = schema.downgrade(engine, rev)
     where = describe_url(engine.url)
     if before == after:
