@@ -611,14 +611,20 @@ class Daemon:
         transaction). None: no node list, no decision."""
         if not self._nodes_for_decision(now):
             return None
+        with self._decision_transaction(now) as s:
+            return self._decide_in(s, now, report)
+
+    @contextmanager
+    def _decision_transaction(self, now: datetime):
+        """A session in the transaction that records a decision and its estimates;
+        `StoredEstimates` learns whether it committed (else it forgets what it kept)."""
         try:
             with self.sessions() as s, s.begin():
-                out = self._decide_in(s, now, report)
+                yield s
         except BaseException:
-            self.stored_estimates.clear()   # (not committed)
+            self.stored_estimates.clear()   # (not committed: they may not be stored)
             raise
         self.stored_estimates.committed(now)
-        return out
 
     def _nodes_for_decision(self, now: datetime) -> bool:
         """The node list is current (re-read if old; an RPC); False, logged, if none."""
@@ -883,14 +889,9 @@ class Daemon:
             return self._end(report, t0, rpc0)
         # The decision, its targets and estimates, and the actions it needs: one
         # transaction.
-        try:
-            with self.sessions() as s, s.begin():
-                inputs, alloc = self._decide_in(s, now, report)
-                self.apply(now, inputs, alloc, report, report.paused, session=s)
-        except BaseException:
-            self.stored_estimates.clear()   # (not committed: they may not be stored)
-            raise
-        self.stored_estimates.committed(now)
+        with self._decision_transaction(now) as s:
+            inputs, alloc = self._decide_in(s, now, report)
+            self.apply(now, inputs, alloc, report, report.paused, session=s)
         # Drive again only what apply created: every older action was driven as far
         # as it could go at this instant above (apply only ends some of them).
         if not (self.dry_run or report.paused) and report.planned:
