@@ -240,13 +240,13 @@ def _int(path: Path, line: int, field: str, raw: Any, *, lo: int = 0,
 
 def _float(path: Path, line: int, field: str, raw: Any, *, lo: float = 0.0) -> float:
     text = raw.strip() if isinstance(raw, str) else None
-    if text is not None and not (text.isascii() and _FLOAT_TEXT.fullmatch(text)) \
-            and text.lower().lstrip("+-") not in ("inf", "infinity", "nan"):
+    plain = text is None or bool(text.isascii() and _FLOAT_TEXT.fullmatch(text))
+    if not plain and text.lower().lstrip("+-") not in ("inf", "infinity", "nan"):
         # (not "1_000" or "٣", which float() takes)
         raise TraceError(path, line, field, raw, "not a decimal number (ASCII digits, a "
                                                  "point, an exponent: 1000, 2.5, 1e3)")
     try:
-        if text is not None and not _FLOAT_TEXT.fullmatch(text):
+        if not plain:
             raise ValueError   # ("nan", "inf")
         value = float(raw)
         if isinstance(raw, bool) or not math.isfinite(value):
