@@ -220,10 +220,16 @@ class Grid:
         """Feasible columns of every job (spec rules intersected with the table's mask)."""
         t = jobs.table
         k = t.k.astype(np.int64)
-        K = len(k)
         mask = feasible_mask(k, jobs.min_gpus, jobs.max_gpus, jobs.step, capacity.gpus_per_node)
         mask &= t.feasible.astype(bool)
         mask &= k[None, :] <= capacity.largest_job
+        return cls._indexed(k, mask)
+
+    @classmethod
+    def _indexed(cls, k: np.ndarray, mask: np.ndarray) -> Grid:
+        """The grid of feasibility ``mask`` (J, K) over counts ``k`` (K,), with its
+        prev/nxt/top indexes (column 0, no GPUs, is always feasible)."""
+        K = len(k)
         mask[:, 0] = True
         cols = np.arange(K)
         prev = np.maximum.accumulate(np.where(mask, cols, 0), axis=1)
@@ -233,6 +239,26 @@ class Grid:
         nxt = np.where(nxt >= K, -1, nxt)
         return cls(k=k, klist=k.tolist(), mask=mask, prev=prev.tolist(), nxt=nxt.tolist(),
                    top=prev[:, -1].tolist())
+
+    def fastest(self, goodput: np.ndarray) -> np.ndarray:
+        """(J,) int: each job's feasible column of the highest goodput (the smallest
+        such column on a tie; 0 for a job with no feasible size above 0).
+
+        Args:
+            goodput: (J, K) goodput per grid column (any unit; `SpeedupTable.goodput`).
+        """
+        g = np.where(self.mask & (self.k[None, :] > 0), goodput, -np.inf)
+        best = np.argmax(g, axis=1)
+        return np.where(np.asarray(self.top) > 0, best, 0)
+
+    def capped(self, cols: np.ndarray) -> Grid:
+        """This grid with every column above ``cols[j]`` infeasible for job j.
+
+        Args:
+            cols: (J,) int grid column per job (0: the job may only get no GPUs).
+        """
+        over = np.arange(len(self.k))[None, :] > np.asarray(cols)[:, None]
+        return Grid._indexed(self.k, self.mask & ~over)
 
     def col_floor(self, x: np.ndarray) -> np.ndarray:
         """(J,) grid column of the largest grid count <= x (x float, >= 0)."""

@@ -88,6 +88,30 @@ def test_srpt_serves_the_shortest_first():
     assert get_policy("srpt").allocate(jobs, cap).gpus.tolist() == [0, 6, 2]
 
 
+def peaked(k: np.ndarray, peak: np.ndarray) -> np.ndarray:
+    """A speedup that rises to its maximum at ``peak`` GPUs and falls beyond it (as the
+    Pollux model's goodput does once synchronisation dominates): 2k / (1 + (k/peak)^2)."""
+    k = np.asarray(k, dtype=np.float64)[None, :]
+    peak = np.asarray(peak, dtype=np.float64)[:, None]
+    return 2.0 * k / (1.0 + (k / peak) ** 2)
+
+
+def test_srpt_gives_each_job_its_fastest_size_not_its_largest():
+    # Job 0 is the shortest; its goodput peaks at 4 GPUs (8 would be slower: 0.8 x).
+    # Job 1 speeds up all the way. Largest-size SRPT gave job 0 all 8 GPUs.
+    cap = Capacity.uniform(2, 4)
+    jobs = make_jobset(cap, peaked, np.array([4.0, 1000.0]), np.ones(2),
+                       np.array([1e3, 1e4]))
+    g = jobs.table.goodput
+    assert g[0, list(jobs.table.k).index(8)] < g[0, list(jobs.table.k).index(4)]
+    out = get_policy("srpt").allocate(jobs, cap)
+    assert out.gpus.tolist() == [4, 4]
+    assert "at 4 GPUs" in out.reason[0]
+    # A job whose goodput never falls still gets its largest size.
+    alone = make_jobset(cap, peaked, np.array([1000.0]), np.ones(1), np.array([1e3]))
+    assert get_policy("srpt").allocate(alone, cap).gpus.tolist() == [8]
+
+
 @settings(PROFILE)
 @given(seed=st.integers(0, 2**32 - 1), J=st.integers(1, 4), N=st.integers(4, 9))
 def test_optimus_greedy_minimises_total_remaining_time(seed, J, N):

@@ -128,6 +128,27 @@ def test_bad_wish_and_fill_are_rejected():
         realize(jobs, cap, np.ones(2), np.arange(2), fill="value")
 
 
+def test_grid_fastest_is_the_best_feasible_column_and_capped_drops_the_rest():
+    cap = Capacity.uniform(2, 4)
+    jobs = jobs_on(cap, 3, max_gpus=np.array([8, 8, 2]))
+    grid = Grid.build(jobs, cap)
+    k = grid.klist
+    assert k == [0, 1, 2, 3, 4, 8]
+    goodput = np.array([[0, 1, 2, 3, 2.5, 1],      # peaks at 3 GPUs
+                        [0, 1, 2, 2, 2, 2],        # ties from 2 GPUs: the smallest
+                        [0, 1, 2, 9, 9, 9]])       # 3 and more are not feasible for it
+    best = grid.fastest(goodput)
+    assert [k[c] for c in best] == [3, 2, 2]
+    capped = grid.capped(best)
+    allowed = [[kk for kk, ok in zip(k, row, strict=True) if ok] for row in capped.mask]
+    assert allowed == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2]]
+    assert capped.top == best.tolist()
+    assert capped.nxt[0][3] == -1 and capped.prev[0][5] == 3
+    # A job with no feasible size above 0 stays at column 0.
+    none = Grid.build(jobs_on(cap, 1, min_gpus=np.array([16]), max_gpus=np.array([16])), cap)
+    assert none.fastest(np.ones((1, len(none.k)))).tolist() == [0]
+
+
 def test_grid_respects_spec_and_capacity():
     cap = Capacity(4, np.array([4, 4, 2]))
     jobs = jobs_on(cap, 2, min_gpus=np.array([2, 1]), max_gpus=np.array([16, 3]),
