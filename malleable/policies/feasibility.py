@@ -242,14 +242,21 @@ class Grid:
 
     def fastest(self, goodput: np.ndarray) -> np.ndarray:
         """(J,) int: each job's feasible column of the highest goodput (the smallest
-        such column on a tie; 0 for a job with no feasible size above 0).
+        such column on a tie; 0 for a job with no feasible size above 0). A NaN
+        goodput counts as the lowest; a job whose goodput is NaN at every feasible
+        size gets its largest feasible column.
 
         Args:
             goodput: (J, K) goodput per grid column (any unit; `SpeedupTable.goodput`).
         """
-        g = np.where(self.mask & (self.k[None, :] > 0), goodput, -np.inf)
+        g = np.asarray(goodput, dtype=np.float64)
+        g = np.where(self.mask & (self.k[None, :] > 0) & ~np.isnan(g), g, -np.inf)
+        top = np.asarray(self.top, dtype=np.int64)
+        if g.shape[0] == 0:
+            return top
         best = np.argmax(g, axis=1)
-        return np.where(np.asarray(self.top) > 0, best, 0)
+        known = np.isfinite(g.max(axis=1))
+        return np.where(top > 0, np.where(known, best, top), 0)
 
     def capped(self, cols: np.ndarray) -> Grid:
         """This grid with every column above ``cols[j]`` infeasible for job j.

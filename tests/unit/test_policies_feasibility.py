@@ -144,6 +144,9 @@ def test_grid_fastest_is_the_best_feasible_column_and_capped_drops_the_rest():
     assert allowed == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2]]
     assert capped.top == best.tolist()
     assert capped.nxt[0][3] == -1 and capped.prev[0][5] == 3
+    # NaN goodput is the lowest; NaN everywhere: the largest feasible column.
+    nan = np.array([[0, np.nan, 1, 2, np.nan, 1], [np.nan] * 6, [0, np.nan, np.nan, 1, 1, 1]])
+    assert [k[c] for c in grid.fastest(nan)] == [3, 8, 2]   # (job 2: 1 and 2 are NaN)
     # A job with no feasible size above 0 stays at column 0.
     none = Grid.build(jobs_on(cap, 1, min_gpus=np.array([16]), max_gpus=np.array([16])), cap)
     assert none.fastest(np.ones((1, len(none.k)))).tolist() == [0]
