@@ -126,7 +126,8 @@ class Hysteresis(Policy):
         # (Only jobs kept at their size are pinned: pinning a partly grown job too, so
         # that the GPUs its grow could not take go to waiting jobs, made srpt start
         # jobs that its next decision preempted for that grow; workload-1's average
-        # JCT under srpt doubled, 22,144 s to 46,010 s, and no other policy gained.)
+        # JCT under srpt (its former largest-size rule) doubled, 22,144 s to 46,010 s, and
+        # no other policy gained.)
         refused = (jobs.current > 0) & (out.gpus == jobs.current) & (prop.gpus != jobs.current)
         waiting = (jobs.current == 0) & (out.gpus == 0)
         if not (refused.any() and waiting.any() and int(out.gpus.sum()) < capacity.total):
