@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy.exc import DBAPIError
 
@@ -430,7 +431,7 @@ class Service:
                 return 0
             self.notifier.ready(f"polling every {self.config.daemon.poll_interval_s:.0f} s")
             self._schedule()
-            self.scheduler.start()  # blocks until stop()
+            self._run_scheduler()  # blocks until stop()
             return self.exit_code
         finally:
             # A job still running in the worker thread finishes (its Slurm call and the
@@ -481,6 +482,22 @@ class Service:
         sched.add_job(self._stop_if_requested, "date", run_date=utcnow(), id="stop-check",
                       executor="heartbeat")
         self.scheduler = sched
+
+    def _run_scheduler(self) -> None:
+        """Run the scheduler until a stop shuts it down.
+
+        A stop (SIGTERM) that lands while the scheduler's loop is between handing a job
+        to its executor and updating it in the job store empties that store under the
+        loop (APScheduler's in-memory store drops its jobs on shutdown), and the loop
+        raises JobLookupError: that is the stop, not a failure (it made the daemon exit
+        1 with a traceback on an ordinary stop). Raised when no stop was asked for.
+        """
+        try:
+            self.scheduler.start()
+        except JobLookupError:
+            if not self._stopping.is_set():
+                raise
+            log.debug("scheduler loop ended by the stop while it updated its jobs")
 
     def _ingest(self) -> None:
         self.daemon.ingest(utcnow())

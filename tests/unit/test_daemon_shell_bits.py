@@ -135,6 +135,49 @@ def test_sighup_reschedules_only_timers_whose_interval_changed(service, tmp_path
     assert calls == [("poll", 10.0)]
 
 
+def test_a_stop_while_the_scheduler_updates_its_jobs_is_a_clean_stop(service):
+    """A SIGTERM that landed while APScheduler's loop was between running the one-shot
+    stop-check job and removing it from the job store: the stop's shutdown emptied the
+    store, the loop raised JobLookupError and the daemon exited 1 with a traceback (seen
+    once in CI, tests/integration/test_daemon_crash.py). Reproduced here by stopping at
+    that very point."""
+    import time
+
+    from apscheduler.jobstores.base import JobLookupError
+
+    service._schedule()
+    sched = service.scheduler
+    for job_id in ("poll", "ingest", "decide", "housekeeping", "heartbeat"):
+        sched.remove_job(job_id)          # (no Slurm here: only the stop-check job runs)
+    original = sched.remove_job
+
+    def stop_landing_here(job_id, jobstore=None):
+        if job_id == "stop-check":
+            service.stop()                # the signal handler, on the loop's thread
+            deadline = time.monotonic() + 10
+            while sched.get_jobs() and time.monotonic() < deadline:
+                time.sleep(0.01)          # the shutdown thread empties the store
+        return original(job_id, jobstore)
+
+    sched.remove_job = stop_landing_here
+    service._run_scheduler()              # returns: the stop ended the loop
+    assert service._stopping.is_set() and not sched.get_jobs()
+    # Without a stop, the same error is not swallowed.
+    service._schedule()
+    service._stopping.clear()
+    sched = service.scheduler
+    for job_id in ("poll", "ingest", "decide", "housekeeping", "heartbeat"):
+        sched.remove_job(job_id)
+
+    def lost(job_id, jobstore=None):
+        raise JobLookupError(job_id)
+
+    sched.remove_job = lost
+    with pytest.raises(JobLookupError):
+        service._run_scheduler()
+    sched.shutdown(wait=False)
+
+
 def test_heartbeat_runs_beside_a_slow_cycle_but_not_beside_a_hung_one(service):
     """A poll that retried a slow Slurm for 80 s blocked the heartbeat (one worker thread),
     so `status` called a live daemon stale and another daemon could take over. The heartbeat
