@@ -13,8 +13,9 @@ the servers it can use, assuming (as Berg et al. do) a speedup that never
 falls as servers are added. The Pollux throughput model's goodput peaks
 (synchronisation grows with the GPU count; a fixed batch is split ever finer),
 and GPUs beyond the peak make the job slower, not faster: on Pollux's
-workload-1, 79 % of the sizes the largest-size rule chose were 64 GPUs at
-about a fifth of the goodput the same job had on 4 (``docs/policies.md``).
+workload-1, 79 % of the sizes the largest-size rule chose were past the job's
+goodput peak, often 64 GPUs at about a fifth of the goodput the same job had
+on 4 (``docs/policies.md``).
 
 Source: SRPT is optimal for mean response time on one server (Schrage,
 Oper. Res. 1968); for parallel jobs with sublinear speedup it is not
