@@ -252,9 +252,7 @@ class Grid:
         g = np.asarray(goodput, dtype=np.float64)
         g = np.where(self.mask & (self.k[None, :] > 0) & ~np.isnan(g), g, -np.inf)
         top = np.asarray(self.top, dtype=np.int64)
-        if g.shape[0] == 0:
-            return top
-        best = np.argmax(g, axis=1)
+        best = np.argmax(g, axis=1)   # (K >= 1: column 0 always exists, also for J = 0)
         known = np.isfinite(g.max(axis=1))
         return np.where(top > 0, np.where(known, best, top), 0)
 

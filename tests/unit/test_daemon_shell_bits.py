@@ -145,10 +145,13 @@ def test_a_stop_while_the_scheduler_updates_its_jobs_is_a_clean_stop(service):
 
     from apscheduler.jobstores.base import JobLookupError
 
-    service._schedule()
-    sched = service.scheduler
-    for job_id in ("poll", "ingest", "decide", "housekeeping", "heartbeat"):
-        sched.remove_job(job_id)          # (no Slurm here: only the stop-check job runs)
+    def scheduled_stop_check_only():
+        service._schedule()
+        for job_id in ("poll", "ingest", "decide", "housekeeping", "heartbeat"):
+            service.scheduler.remove_job(job_id)   # (no Slurm here: only stop-check runs)
+        return service.scheduler
+
+    sched = scheduled_stop_check_only()
     original = sched.remove_job
 
     def stop_landing_here(job_id, jobstore=None):
@@ -163,11 +166,8 @@ def test_a_stop_while_the_scheduler_updates_its_jobs_is_a_clean_stop(service):
     service._run_scheduler()              # returns: the stop ended the loop
     assert service._stopping.is_set() and not sched.get_jobs()
     # Without a stop, the same error is not swallowed.
-    service._schedule()
     service._stopping.clear()
-    sched = service.scheduler
-    for job_id in ("poll", "ingest", "decide", "housekeeping", "heartbeat"):
-        sched.remove_job(job_id)
+    sched = scheduled_stop_check_only()
 
     def lost(job_id, jobstore=None):
         raise JobLookupError(job_id)
