@@ -36,9 +36,9 @@ from malleable.estimators import (
     ThroughputParams,
     WorkHistory,
     candidate_grid,
-    cycle,
     group_prior,
 )
+from malleable.estimators.incremental import CycleMemo, cycle_changed
 from malleable.estimators.params import MIN_PRIOR_LOG_SD
 from malleable.estimators.pipeline import Estimates
 from malleable.estimators.table import SpeedupTable
@@ -198,6 +198,9 @@ class EstimatorBook:
         self.first_batch: dict[int, float] = {}
         self.spec_rows: dict[int, tuple] = {}     # `job_specs`'s cache
         self.finished = FinishedKnowledge()
+        # The last cycle's inputs and estimates per row (`cycle_changed`): a job whose
+        # samples, spec and prior did not change keeps its estimate.
+        self.memo: CycleMemo | None = None
         self._completed_key: tuple | None = None   # (count, sum of ids) last read
         # What the finished jobs give (`_finished_priors`), and what it was built from;
         # per group key: (its finished jobs, its row of `GroupPrior` mean_u and log_sd).
@@ -212,6 +215,10 @@ class EstimatorBook:
         if ids == self.ids:  # the same jobs in the same order: the state as it is
             return []
         pos = {jid: r for r, jid in enumerate(self.ids)}
+        if self.memo is not None and self.ids:
+            self.memo = self.memo.take(np.array([pos.get(j, -1) for j in ids], dtype=np.int64))
+        else:
+            self.memo = None
         keep = [pos[j] for j in ids if j in pos]
         new = [j for j in ids if j not in pos]
         kept = self.state.take(np.array(keep, dtype=np.int64))
@@ -351,8 +358,9 @@ class EstimatorBook:
             gp, history = self._finished_priors(groups)
             prior = gp.for_jobs(specs.history_group)
         k = candidate_grid(specs.max_gpus, gpus_per_node, max(total_gpus, 1))
-        self.state, est, table = cycle(self.state, batch, specs, k, gpus_per_node, prior=prior,
-                                       history=history, config=self.config)
+        self.state, est, table, self.memo = cycle_changed(
+            self.state, batch, specs, k, gpus_per_node, prior=prior, history=history,
+            config=self.config, memo=self.memo)
         return est, table
 
 

@@ -82,7 +82,7 @@ class Store:
     def run(self, book: EstimatorBook, jobs: list[str], record: bool = True):
         """One cycle of ``book`` on ``jobs``; returns (est, table, cycle's prior, history)."""
         seen = {}
-        real = book_mod.cycle
+        real = book_mod.cycle_changed
 
         def spy(*a, **kw):
             seen.update(kw)
@@ -90,11 +90,11 @@ class Store:
 
         with self.S() as s, s.begin():
             rows = [s.scalars(select(Job).where(Job.slurm_job_id == j)).one() for j in jobs]
-            book_mod.cycle = spy
+            book_mod.cycle_changed = spy
             try:
                 est, table = book.run(s, rows, G, 16)
             finally:
-                book_mod.cycle = real
+                book_mod.cycle_changed = real
             if record:
                 for i, j in enumerate(rows):
                     store.record_estimate(s, job_id=j.id, time=self.t, model=ESTIMATOR_MODEL,
