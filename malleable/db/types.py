@@ -15,16 +15,23 @@ in UTC.
 
 `JSONDoc`: JSON on SQLite (TEXT), JSONB on PostgreSQL.
 
+`SharedJSON`: a read-side type for a `JSONDoc` column whose few distinct documents
+are read over and over (``type_coerce(column, SharedJSON())`` in a select): each
+distinct text is decoded once and the same dict is returned for it after that,
+so the values must be treated as read-only.
+
 These types are used by the frozen migration scripts too, so their storage
 must never change; a new storage format is a new type and a migration.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Integer
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
@@ -86,3 +93,28 @@ class UTCDateTime(TypeDecorator):
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 JSONDoc = JSON().with_variant(JSONB(), "postgresql")
+
+
+@lru_cache(maxsize=4096)
+def _decoded(text: str) -> Any:
+    return json.loads(text)
+
+
+class SharedJSON(TypeDecorator):
+    """Read a `JSONDoc` column through a memo of decoded documents (module docstring).
+
+    Only for reading: a row's value is the document as a Python object (a shared,
+    read-only one for a JSON text; as the driver gives it where the driver decodes
+    JSON itself, e.g. JSONB on PostgreSQL). None stays None.
+
+    Raises:
+        json.JSONDecodeError: a stored text that is not JSON (as the JSON type would).
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if isinstance(value, str | bytes):
+            return _decoded(value if isinstance(value, str) else value.decode())
+        return value

@@ -22,7 +22,7 @@ from malleable.db import retention, schema, store
 from malleable.db.engine import make_engine, session_factory
 from malleable.db.errors import LeaseHeld, SchemaTooNew
 from malleable.db.lease import acquire_lease, read_lease
-from malleable.db.models import Base, Lease
+from malleable.db.models import Base, Job, Lease
 from malleable.slurm.records import JobState, SlurmJob
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -202,6 +202,7 @@ def test_daemon_reads_on_both_databases(engine):
     from malleable.daemon.cycle import spec_as_dict
     from malleable.daemon.estimates import ESTIMATOR_MODEL, EstimatorBook
     from malleable.daemon.history import reporting_runs
+    from malleable.daemon.inputs import _MANAGED_ROWS
 
     schema.upgrade(engine)
     Session = session_factory(engine)
@@ -229,6 +230,11 @@ def test_daemon_reads_on_both_databases(engine):
                                   remaining_work=1.0, remaining_work_sd=0.1, flags={})
     book = EstimatorBook()
     with Session() as s:
+        # The managed jobs' specs as the decide cycle reads them (`SharedJSON`): the
+        # stored documents, one shared dict for one text.
+        rows = store.run_core(s, _MANAGED_ROWS).all()
+        assert [r.spec for r in rows] == [s.get(Job, r.id).spec for r in rows]
+        assert rows[0].spec["model"] == "resnet" and rows[0].spec["max_gpus"] == 4
         assert reporting_runs(s, ids.values()) == {ids["1"]: 2, ids["2"]: 0}
         assert [a.id for a in store.unfinished_action_rows(s)] == [made[0], made[2]]
         book._learn_finished(s)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import text
+from sqlalchemy import column, select, table, text, type_coerce
 from sqlalchemy.exc import OperationalError
 
 from malleable.cli import main
@@ -21,7 +21,7 @@ from malleable.db.engine import (
     sqlite_path,
 )
 from malleable.db.errors import DatabaseUnavailable
-from malleable.db.types import from_micros, to_micros
+from malleable.db.types import SharedJSON, from_micros, to_micros
 
 
 def test_pragmas_on_every_connection(tmp_path):
@@ -190,6 +190,24 @@ def test_utc_datetime_round_trip_and_naive_refused():
     assert to_micros(datetime(1970, 1, 1, tzinfo=UTC)) == 0
     with pytest.raises(ValueError, match="naive datetime"):
         to_micros(datetime(2026, 1, 1))
+
+
+def test_shared_json_decodes_each_text_once_and_passes_decoded_values_through():
+    """Read-side type of a JSON column (the managed jobs' specs, every decide cycle)."""
+    engine = make_engine("sqlite://")
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TABLE t (id INTEGER, doc TEXT)"))
+        conn.execute(text("INSERT INTO t VALUES (1, '{\"a\": [1, 2.5]}'), "
+                          "(2, '{\"a\": [1, 2.5]}'), (3, NULL), (4, '7')"))
+        col = type_coerce(column("doc"), SharedJSON())
+        got = conn.execute(select(col.label("doc")).select_from(table("t"))
+                           .order_by(column("id"))).scalars().all()
+    assert got == [{"a": [1, 2.5]}, {"a": [1, 2.5]}, None, 7]
+    assert got[0] is got[1]        # one decode, one shared (read-only) dict
+    reader = SharedJSON()
+    assert reader.process_result_value({"b": 1}, None) == {"b": 1}   # decoded by the driver
+    assert reader.process_result_value(b'{"c": 2}', None) == {"c": 2}
+    engine.dispose()
 
 
 def test_engine_from_config_refuses_an_in_memory_state_store(tmp_path):
