@@ -201,6 +201,7 @@ class EstimatorBook:
         # The last cycle's inputs and estimates per row (`cycle_changed`): a job whose
         # samples, spec and prior did not change keeps its estimate.
         self.memo: CycleMemo | None = None
+        self.group_numbers: dict[str, int] = {}   # `_number_groups`
         self._completed_key: tuple | None = None   # (count, sum of ids) last read
         # What the finished jobs give (`_finished_priors`), and what it was built from;
         # per group key: (its finished jobs, its row of `GroupPrior` mean_u and log_sd).
@@ -300,15 +301,15 @@ class EstimatorBook:
         """The per-group prior and the work history of the finished jobs (``groups``:
         group key -> int, as in `job_specs`).
 
-        Rebuilt only when a finished job was learned or the numbering of the groups
-        changed: `FinishedKnowledge` only grows, so its length and the group names
-        (in order, which fixes their numbers) determine both. A group's prior depends
+        Rebuilt only when a finished job was learned or a group got a number:
+        `FinishedKnowledge` only grows and `_number_groups` only adds numbers, so the
+        two lengths determine both. A group's prior depends
         on its own finished jobs alone (the first n learned of that group), so only
         the groups that grew are fitted again (`group_prior` of that group's jobs;
         the same values as of all jobs at once).
         """
         fk = self.finished
-        key = (len(fk.group), tuple(groups))
+        key = (len(fk.group), len(groups))   # (numbers are never reassigned: `_number_groups`)
         if key != self._priors_key or self._priors is None:
             members: dict[str, list[int]] = {}
             for i, g in enumerate(fk.group):
@@ -330,6 +331,21 @@ class EstimatorBook:
             self._priors_key = key
         return self._priors
 
+    def _number_groups(self, keys: set[str]) -> dict[str, int]:
+        """Group key -> its number, for every key this book has seen (``keys`` added).
+
+        A key keeps its number for the life of the book (new keys get the next
+        numbers, in sorted order): a job's row of `JobSpecs` (its ``history_group``)
+        changes only when its own group does, so `cycle_changed` does not fit it
+        again because another group appeared or went (numbering the keys in use by
+        sorted name, as before, shifted every group after a new one). The numbers
+        are identifiers only; no estimate depends on their order.
+        """
+        numbers = self.group_numbers
+        for g in sorted(keys - numbers.keys()):
+            numbers[g] = len(numbers)
+        return numbers
+
     # ------------------------------------------------------------------ one cycle
 
     def run(self, s: Session, jobs: Sequence[Job], gpus_per_node: int, total_gpus: int,
@@ -350,7 +366,7 @@ class EstimatorBook:
         batch = self._samples(s, ids, new)
         self._learn_finished(s)
         fk = self.finished
-        groups = {g: i for i, g in enumerate(sorted(set(fk.group) | {group_key(j) for j in jobs}))}
+        groups = self._number_groups(set(fk.group) | {group_key(j) for j in jobs})
         specs = job_specs(jobs, groups, self.first_batch, self.spec_rows)
         prior = None
         history = None

@@ -12,19 +12,25 @@ iterations or a small step), so a waiting job's estimate changed slightly in
 every cycle for no new information.
 
 `cycle_changed` gives a job the estimate of the last cycle unless one of its
-inputs changed:
+inputs changed or its last fit had not settled:
 
 * new samples for it in this batch, or a row not estimated before;
 * its spec row (any `JobSpecs` field), or its supplied prior row (mean, sd,
   given);
-* the grid ``k`` or ``gpus_per_node`` (every row);
+* its last fit moved ``u`` by more than `SETTLE_TOL` (a fit stops after a few
+  iterations: a job's first fit, or one after new samples or a new prior, may
+  need a few cycles to settle; it is fitted in each of them);
 * the finished jobs' history: the remaining work (W, its sd and the remaining
   work flags) of every row without a declared target is recomputed from the
-  new history; its throughput fit and speedup table rows stay.
+  new history; its throughput fit and speedup table rows stay;
+* the grid ``k`` or ``gpus_per_node``: every row's speedup table is computed
+  again from the fits as they are (a fit does not depend on the grid).
 
-The rows it re-estimates get exactly what `pipeline.estimate` and
-`pipeline.speedup_table` give them over the whole state: each is computed
-row by row (`tests/unit/test_estimators_incremental.py` compares the two).
+The rows it fits get what `pipeline.estimate` and `pipeline.speedup_table`
+give them over the whole state up to rounding (about 1e-14 relative: the fit
+works on the configuration table cut to the widest row it fits, so summation
+order can differ in the last bit; `tests/unit/test_estimators_incremental.py`
+compares the two).
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ F = EstimateFlags
 REMAINING_FLAGS = int(F.REMAINING_EXACT | F.REMAINING_CURVE | F.REMAINING_HISTORY
                       | F.REMAINING_DEFAULT | F.TARGET_UNREACHABLE | F.TARGET_REACHED
                       | F.CURVE_TOO_SHORT)
+SETTLE_TOL = 1e-3
+"""A fit that moved no entry of ``u`` (logs of times, the logit of gamma) by more than
+this from the previous fit has settled: fitting it again without new inputs would move
+it by less than about 0.1 %. One that moved more is fitted again in the next cycle."""
 _TABLE_ROWS = ("feasible", "goodput", "batch", "remaining_work", "remaining_std", "from_prior",
                "flags", "goodput_std", "speedup_exponent")
 
@@ -67,6 +77,8 @@ class CycleMemo(NamedTuple):
         est: the `Estimates` of the J rows.
         table: their `SpeedupTable`.
         valid: (J,) bool, rows that hold an estimate (False: a row added since).
+        settled: (J,) bool, rows whose last fit moved no entry of ``u`` by more than
+            `SETTLE_TOL` from the fit before (False: fitted again next cycle too).
     """
 
     specs: np.ndarray
@@ -77,6 +89,7 @@ class CycleMemo(NamedTuple):
     est: Estimates
     table: SpeedupTable
     valid: np.ndarray
+    settled: np.ndarray
 
     def take(self, rows: np.ndarray) -> CycleMemo:
         """The memo of rows ``rows`` ((J',) int) in that order; -1 adds a row that
@@ -89,7 +102,8 @@ class CycleMemo(NamedTuple):
         src = np.maximum(rows, 0)
         return CycleMemo(self.specs[src], self.prior[src], self.history, self.k,
                          self.gpus_per_node, take_estimates(self.est, src),
-                         take_table(self.table, src), self.valid[src] & (rows >= 0))
+                         take_table(self.table, src), self.valid[src] & (rows >= 0),
+                         self.settled[src] & (rows >= 0))
 
 
 def spec_matrix(specs: JobSpecs) -> np.ndarray:
@@ -145,6 +159,13 @@ def _same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return ((a == b) | (np.isnan(a) & np.isnan(b))).all(axis=1)
 
 
+def _settled(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """(J,) bool: a fit from ``before`` (J, 7) to ``after`` moved no entry by more than
+    `SETTLE_TOL` (a row with no fit before has not settled)."""
+    with np.errstate(invalid="ignore"):
+        return (np.abs(after - before) <= SETTLE_TOL).all(axis=1)
+
+
 def _same_history(a: tuple | None, history: WorkHistory | None) -> bool:
     if a is None or history is None:
         return a is None and history is None
@@ -173,41 +194,52 @@ def cycle_changed(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs, 
         ValueError: as `cycle` (``specs`` or ``prior`` without J rows, a bad grid).
     """
     config = config or EstimatorConfig()
+    prev_u = state.u
     state = update(state, batch, specs, config)
     J = state.num_jobs
     k = np.asarray(k, dtype=np.int64)
     smat, pmat = spec_matrix(specs), prior_matrix(prior, J)
     hist = None if history is None else (history.total_work, history.group)
-    if (memo is None or memo.valid.shape[0] != J
-            or not np.array_equal(memo.k, k) or memo.gpus_per_node != gpus_per_node):
+    if memo is None or memo.valid.shape[0] != J:
         est = estimate(state, specs, prior=prior, history=history, config=config)
         table = speedup_table(est, specs, k, gpus_per_node, config)
-        state = state.with_fit(est.u)
-        return state, est, table, CycleMemo(smat, pmat, hist, k, gpus_per_node, est, table,
-                                            np.ones(J, dtype=bool))
-    dirty = ~memo.valid | ~_same_rows(smat, memo.specs) | ~_same_rows(pmat, memo.prior)
+        return state.with_fit(est.u), est, table, CycleMemo(
+            smat, pmat, hist, k, gpus_per_node, est, table, np.ones(J, dtype=bool),
+            _settled(prev_u, est.u))
+    dirty = (~memo.valid | ~memo.settled | ~_same_rows(smat, memo.specs)
+             | ~_same_rows(pmat, memo.prior))
     seen = batch.job[(batch.job >= 0) & (batch.job < J)]
     dirty[seen] = True
-    est, table = memo.est, memo.table
+    est, table, settled = memo.est, memo.table, memo.settled
     rows = np.flatnonzero(dirty)
+    e = None
     if rows.size:
         sub_specs = take_specs(specs, rows)
         e = estimate(state.take(rows), sub_specs, prior=take_prior(prior, rows),
                      history=history, config=config)
-        t = speedup_table(e, sub_specs, k, gpus_per_node, config)
         est = Estimates(*(_put(a, rows, b) for a, b in zip(est, e, strict=True)))
-        table = SpeedupTable(k=k, **{n: _put(getattr(table, n), rows, getattr(t, n))
-                                     for n in _TABLE_ROWS})
+        settled = _put(settled, rows, _settled(prev_u[rows], e.u))
         state = state.with_fit(est.u)
+    again = np.zeros(0, dtype=np.int64)
     if not _same_history(memo.history, history):
-        # Remaining work from the new history for the rows that may use it.
+        # Remaining work from the new history for the other rows that may use it.
         again = np.flatnonzero(~dirty & ~np.isfinite(specs.declared_work()))
         if again.size:
             W, Wsd, rflags = _remaining(state.take(again), take_specs(specs, again),
                                         est.progress[again], history, config)
-            flags = _put(est.flags, again, (est.flags[again] & ~REMAINING_FLAGS) | rflags)
-            est = est._replace(remaining_work=_put(est.remaining_work, again, W),
-                               remaining_std=_put(est.remaining_std, again, Wsd), flags=flags)
+            est = est._replace(
+                remaining_work=_put(est.remaining_work, again, W),
+                remaining_std=_put(est.remaining_std, again, Wsd),
+                flags=_put(est.flags, again, (est.flags[again] & ~REMAINING_FLAGS) | rflags))
+    if not np.array_equal(memo.k, k) or memo.gpus_per_node != gpus_per_node:
+        # Another grid (or g): every row's table, from the fits as they are.
+        table = speedup_table(est, specs, k, gpus_per_node, config)
+    else:
+        if e is not None:
+            t = speedup_table(e, take_specs(specs, rows), k, gpus_per_node, config)
+            table = SpeedupTable(k=k, **{n: _put(getattr(table, n), rows, getattr(t, n))
+                                         for n in _TABLE_ROWS})
+        if again.size:
             table = SpeedupTable(k=k, **{n: getattr(table, n) for n in _TABLE_ROWS
                                          if n not in ("remaining_work", "remaining_std",
                                                       "flags")},
@@ -215,8 +247,8 @@ def cycle_changed(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs, 
                                  remaining_std=est.remaining_std.astype(np.float64),
                                  flags=est.flags.copy())
     return state, est, table, CycleMemo(smat, pmat, hist, k, gpus_per_node, est, table,
-                                        np.ones(J, dtype=bool))
+                                        np.ones(J, dtype=bool), settled)
 
 
-__all__ = ["REMAINING_FLAGS", "CycleMemo", "cycle_changed", "prior_matrix", "spec_matrix",
+__all__ = ["REMAINING_FLAGS", "SETTLE_TOL", "CycleMemo", "cycle_changed", "prior_matrix", "spec_matrix",
            "take_estimates", "take_prior", "take_specs", "take_table"]

@@ -33,6 +33,7 @@ from malleable.estimators import (
     group_prior,
     prior_from_finished,
 )
+from malleable.estimators.incremental import SETTLE_TOL
 from malleable.slurm.records import JobState, SlurmJob
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -102,7 +103,9 @@ class Store:
                                           remaining_work=float(est.remaining_work[i]),
                                           remaining_work_sd=float(est.remaining_std[i]),
                                           flags={})
-            groups = sorted(set(book.finished.group) | {group_key(j) for j in rows})
+            # The book's numbering: group key i has number i.
+            groups = sorted(book.group_numbers, key=book.group_numbers.__getitem__)
+            assert set(groups) >= set(book.finished.group) | {group_key(j) for j in rows}
         return est, table, seen.get("prior"), seen.get("history"), groups
 
 
@@ -164,21 +167,27 @@ def test_the_kept_prior_equals_the_recomputed_one_as_jobs_finish(filled):
     _assert_prior_is_fresh(book, prior3, history3, groups, np.array([1]))
 
 
-def test_a_new_group_renumbers_the_groups_and_rebuilds_the_prior(filled):
+def test_a_new_group_gets_the_next_number_and_the_others_keep_theirs(filled):
+    """Numbers are never reassigned: a job's spec row (its history group) does not
+    change because another group appeared, so it is not fitted again for it."""
     st, book = filled, EstimatorBook()
     st.run(book, ["1", "2", "3"])
     st.set_state(j1=JobState.COMPLETED)
     *_, groups = st.run(book, ["2", "3"])
     kept = book._priors
     assert groups == ["model:resnet", "model:vgg"]
-    # Job 5's group sorts first: every group's number moves up by one.
+    # Job 5's group sorts first by name, but is numbered after the others.
     st.set_state(j5=JobState.RUNNING)
     st.add_samples("5", 4)
     *_, prior, history, groups = st.run(book, ["2", "3", "5"])
-    assert groups == ["model:aaa", "model:resnet", "model:vgg"]
-    assert book._priors is not kept and history.group.tolist() == [1]
+    assert groups == ["model:resnet", "model:vgg", "model:aaa"]
+    assert book._priors is not kept and history.group.tolist() == [0]
     assert prior.given.tolist() == [True, False, False]
-    _assert_prior_is_fresh(book, prior, history, groups, np.array([1, 2, 0]))
+    _assert_prior_is_fresh(book, prior, history, groups, np.array([0, 1, 2]))
+    # Job 3 (vgg) leaves: the numbers stay, so nothing is rebuilt.
+    kept = book._priors
+    *_, groups = st.run(book, ["2", "5"])
+    assert groups == ["model:resnet", "model:vgg", "model:aaa"] and book._priors is kept
 
 
 def test_group_prior_for_jobs_equals_the_per_job_prior():
@@ -279,3 +288,28 @@ def test_stored_estimates_are_forgotten_after_a_gap_or_an_uncommitted_cycle():
     kept.committed(t2)
     # A longer gap than the lease timeout: another daemon may have written meanwhile.
     assert len(kept.changed([row(1, 8.0), row(2, 7.0)], t2 + timedelta(seconds=91), 90)) == 2
+
+
+def test_kept_jobs_keep_their_estimates_as_jobs_come_go_and_reorder(filled):
+    """The book's memo follows its rows (`EstimatorBook._align`): a job with nothing
+    new keeps its estimate, whichever jobs are around it and in whatever order."""
+    st, book = filled, EstimatorBook()
+    for _ in range(30):                          # until every fit has settled
+        est, table, *_ = st.run(book, ["1", "2", "3"], record=False)
+        if book.memo.settled.all():
+            break
+    assert book.memo.settled.all()
+    u = {j: est.u[i].tolist() for i, j in enumerate("123")}
+    goodput = {j: table.goodput[i].tolist() for i, j in enumerate("123")}
+    st.set_state(j5=JobState.RUNNING)
+    st.add_samples("5", 4)
+    for jobs in (["3", "5", "1"], ["1", "3"], ["3", "1", "2"]):
+        est, table, *_ = st.run(book, jobs, record=False)
+        for i, j in enumerate(jobs):
+            if j in ("1", "3"):
+                assert est.u[i].tolist() == u[j], (jobs, j)
+                assert table.goodput[i].tolist() == goodput[j], (jobs, j)
+    # Job 2 left and came back: its state was rebuilt from its stored samples and it
+    # was fitted anew (not settled yet), to about where it was; 1 and 3 were kept.
+    assert book.memo.settled.tolist() == [True, True, False]
+    np.testing.assert_allclose(est.u[2], u["2"], atol=SETTLE_TOL)
