@@ -33,7 +33,7 @@ lint: install
 	$(BIN)/ruff check malleable tests scripts/slurm-harness scripts/demo.py benchmarks
 
 # Two local Slurm clusters, the default policy against plain Slurm on the same replayed
-# workload, about 15 minutes; report in demo-report/. DEMO_ARGS=--short: the CI form.
+# workload, about 12 minutes; report in demo-report/. DEMO_ARGS=--short: the CI form.
 DEMO_ARGS ?=
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
