@@ -35,7 +35,7 @@ compares the two).
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -48,7 +48,7 @@ from malleable.estimators.params import (
     ThroughputParams,
     ThroughputPrior,
 )
-from malleable.estimators.pipeline import Estimates, _remaining, estimate, speedup_table
+from malleable.estimators.pipeline import Estimates, _put, _remaining, estimate, speedup_table
 from malleable.estimators.state import EstimatorState, update
 from malleable.estimators.table import SpeedupTable
 
@@ -109,7 +109,7 @@ class CycleMemo(NamedTuple):
 def spec_matrix(specs: JobSpecs) -> np.ndarray:
     """(J, 14) float64: every `JobSpecs` field, one column each (a row's spec, to compare)."""
     return np.column_stack([np.asarray(getattr(specs, f.name), dtype=np.float64)
-                            for f in fields(specs)]) if len(specs) else np.zeros((0, 14))
+                            for f in fields(specs)])
 
 
 def prior_matrix(prior: ThroughputPrior | None, num_jobs: int) -> np.ndarray:
@@ -146,12 +146,6 @@ def take_estimates(est: Estimates, rows: np.ndarray) -> Estimates:
 def take_table(table: SpeedupTable, rows: np.ndarray) -> SpeedupTable:
     """The `SpeedupTable` of rows ``rows`` ((J',) int), in that order (same grid)."""
     return SpeedupTable(k=table.k, **{n: getattr(table, n)[rows] for n in _TABLE_ROWS})
-
-
-def _put(full: np.ndarray, rows: np.ndarray, part: np.ndarray) -> np.ndarray:
-    out = full.copy()
-    out[rows] = part
-    return out
 
 
 def _same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -194,8 +188,7 @@ def cycle_changed(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs, 
         ValueError: as `cycle` (``specs`` or ``prior`` without J rows, a bad grid).
     """
     config = config or EstimatorConfig()
-    prev_u = state.u
-    state = update(state, batch, specs, config)
+    state = update(state, batch, specs, config)   # (the last fit, state.u, stays)
     J = state.num_jobs
     k = np.asarray(k, dtype=np.int64)
     smat, pmat = spec_matrix(specs), prior_matrix(prior, J)
@@ -205,20 +198,20 @@ def cycle_changed(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs, 
         table = speedup_table(est, specs, k, gpus_per_node, config)
         return state.with_fit(est.u), est, table, CycleMemo(
             smat, pmat, hist, k, gpus_per_node, est, table, np.ones(J, dtype=bool),
-            _settled(prev_u, est.u))
+            _settled(state.u, est.u))
     dirty = (~memo.valid | ~memo.settled | ~_same_rows(smat, memo.specs)
              | ~_same_rows(pmat, memo.prior))
     seen = batch.job[(batch.job >= 0) & (batch.job < J)]
     dirty[seen] = True
     est, table, settled = memo.est, memo.table, memo.settled
     rows = np.flatnonzero(dirty)
-    e = None
+    e = sub_specs = None
     if rows.size:
         sub_specs = take_specs(specs, rows)
         e = estimate(state.take(rows), sub_specs, prior=take_prior(prior, rows),
                      history=history, config=config)
         est = Estimates(*(_put(a, rows, b) for a, b in zip(est, e, strict=True)))
-        settled = _put(settled, rows, _settled(prev_u[rows], e.u))
+        settled = _put(settled, rows, _settled(state.u[rows], e.u))
         state = state.with_fit(est.u)
     again = np.zeros(0, dtype=np.int64)
     if not _same_history(memo.history, history):
@@ -236,16 +229,13 @@ def cycle_changed(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs, 
         table = speedup_table(est, specs, k, gpus_per_node, config)
     else:
         if e is not None:
-            t = speedup_table(e, take_specs(specs, rows), k, gpus_per_node, config)
+            t = speedup_table(e, sub_specs, k, gpus_per_node, config)
             table = SpeedupTable(k=k, **{n: _put(getattr(table, n), rows, getattr(t, n))
                                          for n in _TABLE_ROWS})
         if again.size:
-            table = SpeedupTable(k=k, **{n: getattr(table, n) for n in _TABLE_ROWS
-                                         if n not in ("remaining_work", "remaining_std",
-                                                      "flags")},
-                                 remaining_work=est.remaining_work.astype(np.float64),
-                                 remaining_std=est.remaining_std.astype(np.float64),
-                                 flags=est.flags.copy())
+            table = replace(table, remaining_work=est.remaining_work.astype(np.float64),
+                            remaining_std=est.remaining_std.astype(np.float64),
+                            flags=est.flags.copy())
     return state, est, table, CycleMemo(smat, pmat, hist, k, gpus_per_node, est, table,
                                         np.ones(J, dtype=bool), settled)
 
