@@ -53,11 +53,10 @@ from malleable.config import Config
 from malleable.daemon.actions import Step
 from malleable.daemon.actuator import Actuator, DriveReport
 from malleable.daemon.estimates import (
-    ESTIMATOR_MODEL,
     EstimatorBook,
     StoredEstimates,
-    estimate_params_all,
-    json_floats,
+    estimate_keys,
+    estimate_row,
 )
 from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
 from malleable.daemon.inputs import InputsCache, PolicyInputs, build_inputs, placement_of
@@ -644,26 +643,20 @@ class Daemon:
                               cache=self.inputs_cache)
         alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
         duration = self.timer() - t0
-        targets = [store.TargetIn(j.id, int(alloc.gpus[i]), int(alloc.batch[i]) or None,
-                                  alloc.reason[i]) for i, j in enumerate(inputs.jobs)]
+        targets = [store.TargetIn(j.id, int(k), int(b) or None, why) for j, k, b, why in zip(
+            inputs.jobs, np.asarray(alloc.gpus).tolist(), np.asarray(alloc.batch).tolist(),
+            alloc.reason, strict=True)]
         objective = float(alloc.objective) if np.isfinite(alloc.objective) else None
         d = store.record_decision(s, time=now, policy=name, params=params,
                                   inputs_digest=inputs.digest, objective=objective,
                                   duration_s=duration, dry_run=self.dry_run,
                                   targets=targets)
-        est = inputs.estimates
-        params = estimate_params_all(est)
-        remaining, remaining_sd = (json_floats(est.remaining_work),
-                                   json_floats(est.remaining_std))
-        flags = np.asarray(est.flags).tolist()
         # Only the estimates that changed (`StoredEstimates`): a waiting job's stays
         # the same for many cycles.
-        store.record_estimates(s, self.stored_estimates.changed([{
-            "job_id": j.id, "time": now, "model": ESTIMATOR_MODEL,
-            "params": params[i], "remaining_work": remaining[i],
-            "remaining_work_sd": remaining_sd[i],
-            "flags": {"bits": int(flags[i])}} for i, j in enumerate(inputs.jobs)],
-            now, self.config.daemon.lease_timeout_s))
+        ids, keys = [j.id for j in inputs.jobs], estimate_keys(inputs.estimates)
+        store.record_estimates(s, [estimate_row(ids[i], now, keys[i]) for i in
+                                   self.stored_estimates.changed(
+                                       ids, keys, now, self.config.daemon.lease_timeout_s)])
         report.decision_id = d
         report.objective = objective
         report.managed = len(inputs.jobs)
@@ -691,17 +684,21 @@ class Daemon:
                                                  unfinished)
                 unfinished = [a for a in unfinished if a.id not in done]
             ids = [j.id for j in jobs]
-            held = daemon_holds(s, ids)
+            observed = [self.observed[j.slurm_job_id] for j in jobs]
+            # Whose hold is the daemon's matters only for the held jobs, and the run a
+            # job reports in only for the running ones (`JobView`): read only theirs.
+            held = daemon_holds(s, [j.id for j, sj in zip(jobs, observed, strict=True)
+                                    if sj.held])
             busy = {a.job_id for a in unfinished}
             # (oldest first: a job's newest unfinished action wins)
             bound = {a.job_id: start_shape(a.kind, a.to_gpus, a.to_nodes) for a in unfinished}
             backoff = requeue_backoff(s, ids, now, self.config.daemon.requeue_backoff_s)
-            runs = reporting_runs(s, ids)
+            runs = reporting_runs(s, [j.id for j, sj in zip(jobs, observed, strict=True)
+                                      if sj.state == JobState.RUNNING])
             in_flight = sum(1 for a in unfinished if a.kind == "requeue")
         views, targets = [], []
         pool = NodePool(inputs.free_by_node)   # less the managed jobs' GPUs where they run
-        for i, j in enumerate(jobs):
-            sj = self.observed[j.slurm_job_id]
+        for i, (j, sj) in enumerate(zip(jobs, observed, strict=True)):
             spec = j.spec or {}
             shape = Shape(max(sj.node_count, 1 if sj.gpus else 0),
                           sj.gpus_per_node or sj.gpus)

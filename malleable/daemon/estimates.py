@@ -17,7 +17,7 @@ remaining-work estimates for jobs without a declared target (`WorkHistory`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -413,17 +413,33 @@ def json_floats(a: np.ndarray) -> list:
     return out
 
 
-def estimate_params_all(est: Estimates) -> list[dict]:
-    """`estimate_params` of every row of ``est`` (row order), converted in bulk.
+ESTIMATE_PARAMS = ("u", "log_sd", "p", "phi", "progress", "m0")
+"""The keys of `Estimate.params` (`estimate_params`), in `estimate_keys` order."""
+
+
+def estimate_keys(est: Estimates) -> list[tuple]:
+    """What an ``estimates`` row stores of each job, converted in bulk, to compare
+    with what was stored (`StoredEstimates`) before building any row.
 
     Returns:
-        One dict per job, equal to ``estimate_params(est, row)``.
+        One tuple per row of ``est``: its `estimate_params` values in
+        `ESTIMATE_PARAMS` order (``u`` and ``log_sd`` as lists), then remaining work
+        and its sd (work units; None if not finite), then the flag bits (int).
     """
-    u, sd = json_floats(est.u), json_floats(est.log_sd)
-    p, phi, progress, m0 = (json_floats(est.power_p), json_floats(est.phi),
-                            json_floats(est.progress), json_floats(est.m0))
-    return [{"u": u[i], "log_sd": sd[i], "p": p[i], "phi": phi[i], "progress": progress[i],
-             "m0": m0[i]} for i in range(len(u))]
+    cols = [json_floats(a) for a in (est.u, est.log_sd, est.power_p, est.phi, est.progress,
+                                     est.m0, est.remaining_work, est.remaining_std)]
+    return list(zip(*cols, np.asarray(est.flags).tolist(), strict=True))
+
+
+def estimate_row(job_id: int, time: datetime, key: tuple) -> dict:
+    """A `malleable.db.store.record_estimates` row from one `estimate_keys` tuple
+    (``job_id``: ``jobs.id``; ``time``: the cycle's, aware). Its ``params`` equal
+    `estimate_params` of the same row."""
+    *params, remaining, remaining_sd, bits = key
+    return {"job_id": job_id, "time": time, "model": ESTIMATOR_MODEL,
+            "params": dict(zip(ESTIMATE_PARAMS, params, strict=True)),
+            "remaining_work": remaining, "remaining_work_sd": remaining_sd,
+            "flags": {"bits": int(bits)}}
 
 
 class StoredEstimates:
@@ -449,31 +465,28 @@ class StoredEstimates:
         self._staged: dict[int, tuple] | None = None
         self._at: datetime | None = None
 
-    def changed(self, rows: Sequence[Mapping], now: datetime, max_gap_s: float) -> list:
-        """The rows to write this cycle: those whose job has no stored estimate or a
-        different one (model, params, remaining work and its sd, flags).
+    def changed(self, job_ids: Sequence[int], keys: Sequence[tuple], now: datetime,
+                max_gap_s: float) -> list[int]:
+        """Which jobs' estimates to write this cycle: those with no stored estimate
+        or a different one.
 
         Args:
-            rows: `malleable.db.store.record_estimates` rows of this cycle's jobs.
+            job_ids: this cycle's jobs (``jobs.id``), (J,).
+            keys: their estimates as `estimate_keys` gives them, (J,).
             now: the cycle's time (aware datetime).
             max_gap_s: seconds since the last committed cycle beyond which nothing
                 kept is trusted (the lease timeout).
 
         Returns:
-            The subset of ``rows`` to store, in order. They count as stored once
-            `committed` is called.
+            Positions in ``job_ids`` to store (`estimate_row`), ascending. They count
+            as stored once `committed` is called.
         """
         if self._at is None or (now - self._at).total_seconds() > max_gap_s:
             self._stored.clear()
-        staged, out = {}, []
-        for r in rows:
-            key = (r["model"], r["params"], r["remaining_work"], r["remaining_work_sd"],
-                   r["flags"])
-            staged[r["job_id"]] = key
-            if self._stored.get(r["job_id"]) != key:
-                out.append(r)
-        self._staged = staged
-        return out
+        stored = self._stored
+        self._staged = dict(zip(job_ids, keys, strict=True))
+        return [i for i, (j, key) in enumerate(zip(job_ids, keys, strict=True))
+                if stored.get(j) != key]
 
     def committed(self, now: datetime) -> None:
         """The cycle's transaction committed: the rows `changed` saw are the stored

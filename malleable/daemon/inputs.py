@@ -16,6 +16,7 @@ until its first progress line tells its batch size.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -49,7 +50,8 @@ class PolicyInputs:
 
     Attributes:
         jobs: the jobs' rows of the ``jobs`` table in the JobSet's order (read-only
-            rows with `Job`'s attributes: ``id``, ``slurm_job_id``, ``spec``, ...).
+            rows with `Job`'s attributes: ``id``, ``slurm_job_id``, ``spec``, ...; all
+            but ``submit_time``, ``start_time``, ``end_time`` and ``last_seen``).
         jobset, capacity, context: the policy's records.
         estimates: the estimators' output for ``jobs`` (same order).
         excluded: Slurm id -> why a malleable job was left out this cycle.
@@ -124,6 +126,13 @@ def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
     return kept, queued
 
 
+@functools.lru_cache(maxsize=4096)
+def _node_names(nodes: str) -> tuple[str, ...]:
+    """`expand_hostlist` as a tuple, kept for the node lists seen lately (a running
+    job's is read twice a cycle, every cycle). Raises `HostlistError` as it does."""
+    return tuple(expand_hostlist(nodes))
+
+
 def placement_of(sj: SlurmJob) -> tuple[tuple[str, int], ...]:
     """A running job's GPUs per node, ((node name, GPUs), ...) in its node list's order:
     its GPUs per node on each node of ``sj.nodes``; () when it has no node list or an
@@ -131,7 +140,7 @@ def placement_of(sj: SlurmJob) -> tuple[tuple[str, int], ...]:
     if sj.state != JobState.RUNNING or sj.gpus <= 0 or not sj.nodes:
         return ()
     try:
-        names = expand_hostlist(sj.nodes)
+        names = _node_names(sj.nodes)
     except HostlistError as exc:
         log.warning("job %s: node list %r unreadable (%s); its GPUs are not counted",
                     sj.job_id, sj.nodes, exc, extra={"job": sj.job_id})
@@ -199,11 +208,14 @@ _REQUEUES = (select(Action.job_id, Action.signalled_at, Action.finished_at)
              .where(Action.job_id.in_(_IDS), Action.kind == "requeue",
                     Action.state == "done", Action.to_gpus > 0,
                     Action.signalled_at.is_not(None)))
-# Every column; the spec through `SharedJSON` (a queue holds few distinct specs, and
-# decoding every row's in every cycle was 3.8 % of the Philly window's wall time).
+# Every column but the times no reader of `PolicyInputs.jobs` uses (`_UNREAD_TIMES`:
+# converting each row's was 1.2 % of the Philly window's wall time); the spec through
+# `SharedJSON` (a queue holds few distinct specs, and decoding every row's in every
+# cycle was 3.8 %).
+_UNREAD_TIMES = frozenset({"submit_time", "start_time", "end_time", "last_seen"})
 _MANAGED_ROWS = select(*(type_coerce(c, SharedJSON()).label(c.name) if c.name == "spec" else c
-                         for c in Job.__table__.c)).where(Job.malleable.is_(True),
-                                                          Job.state.in_(MANAGED_STATES))
+                         for c in Job.__table__.c if c.name not in _UNREAD_TIMES)
+                       ).where(Job.malleable.is_(True), Job.state.in_(MANAGED_STATES))
 _SIZE_HISTORY = (select(Job.attained_gpu_s).where(
     Job.malleable.is_(True), Job.state == JobState.COMPLETED.value,
     Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(bindparam("limit")))
@@ -372,25 +384,37 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
             return float(declared)
         return measured.get(j.id, default_cost)
 
-    current = np.array([observed[j.slurm_job_id].gpus
-                        if observed[j.slurm_job_id].state == JobState.RUNNING else 0
-                        for j in jobs], dtype=np.int64)
+    # One pass over the jobs, one tuple per job (a column per JobSet field).
+    per_job = []
+    for j in jobs:
+        sj, spec = observed[j.slurm_job_id], j.spec
+        lo = int(spec["min_gpus"])
+        last = changed.get(j.id)
+        per_job.append((
+            j.slurm_job_id, lo, int(spec["max_gpus"]), int(spec.get("step", 1)),
+            sj.gpus if sj.state == JobState.RUNNING else 0,
+            max(0.0, j.attained_gpu_s or 0.0),
+            max(0.0, now_s - (j.arrival_time or j.first_seen).timestamp()),
+            restart_cost(j),
+            math.inf if last is None else max(0.0, now_s - last.timestamp()),
+            requested.get(j.id, j.gpus) or lo,
+            j.restart_count))
+    (sids, lo, hi, step, current, attained, age, cost, since, asked, restarts) = (
+        list(zip(*per_job, strict=True)) or [()] * 11)
+    current = np.array(current, dtype=np.int64)
     jobset = JobSet(
-        ids=np.array([j.slurm_job_id for j in jobs], dtype=object),
-        min_gpus=np.array([int(j.spec["min_gpus"]) for j in jobs], dtype=np.int64),
-        max_gpus=np.array([int(j.spec["max_gpus"]) for j in jobs], dtype=np.int64),
-        step=np.array([int(j.spec.get("step", 1)) for j in jobs], dtype=np.int64),
+        ids=np.array(sids, dtype=object),
+        min_gpus=np.array(lo, dtype=np.int64),
+        max_gpus=np.array(hi, dtype=np.int64),
+        step=np.array(step, dtype=np.int64),
         current=current,
         table=table,
-        attained=np.array([max(0.0, j.attained_gpu_s or 0.0) for j in jobs]),
-        age=np.array([max(0.0, now_s - (j.arrival_time or j.first_seen).timestamp())
-                      for j in jobs]),
-        restart_cost=np.array([restart_cost(j) for j in jobs]),
-        since_change=np.array([max(0.0, now_s - changed[j.id].timestamp()) if j.id in changed
-                               else math.inf for j in jobs]),
-        requested=np.array([requested.get(j.id, j.gpus) or int(j.spec["min_gpus"])
-                            for j in jobs], dtype=np.int64),
-        restarts=np.array([j.restart_count for j in jobs], dtype=np.int64),
+        attained=np.array(attained, dtype=np.float64),
+        age=np.array(age, dtype=np.float64),
+        restart_cost=np.array(cost, dtype=np.float64),
+        since_change=np.array(since, dtype=np.float64),
+        requested=np.array(asked, dtype=np.int64),
+        restarts=np.array(restarts, dtype=np.int64),
     )
     context = Context(now=now_s, seed=seed,
                       size_history=size_history(s) if with_size_history else np.zeros(0))

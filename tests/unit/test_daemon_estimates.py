@@ -269,25 +269,49 @@ def test_stored_estimates_are_forgotten_after_a_gap_or_an_uncommitted_cycle():
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
 
-    def row(job_id, w):
-        return {"job_id": job_id, "time": t0, "model": "pollux", "params": {"u": [1.0]},
-                "remaining_work": w, "remaining_work_sd": 0.0, "flags": {"bits": 0}}
+    def changed(kept, now, **remaining):
+        """Positions to write, for jobs 1 and 2 with these remaining works."""
+        ids = [1, 2]
+        keys = [([1.0], [0.0], 1.0, 0.1, 0.5, 64.0, remaining[f"w{j}"], 0.0, 0) for j in ids]
+        return kept.changed(ids, keys, now, 90)
 
     kept = StoredEstimates()
-    assert [r["job_id"] for r in kept.changed([row(1, 5.0), row(2, 6.0)], t0, 90)] == [1, 2]
+    assert changed(kept, t0, w1=5.0, w2=6.0) == [0, 1]
     kept.committed(t0)
     t1 = t0 + timedelta(seconds=60)
-    assert [r["job_id"] for r in kept.changed([row(1, 5.0), row(2, 7.0)], t1, 90)] == [2]
+    assert changed(kept, t1, w1=5.0, w2=7.0) == [1]
     kept.committed(t1)
     # Not committed: what that cycle saw is not taken as stored.
     t2 = t1 + timedelta(seconds=60)
-    assert kept.changed([row(1, 8.0), row(2, 7.0)], t2, 90) == [row(1, 8.0)]
-    assert kept.changed([row(1, 8.0), row(2, 7.0)], t2, 90) == [row(1, 8.0)]
+    assert changed(kept, t2, w1=8.0, w2=7.0) == [0]
+    assert changed(kept, t2, w1=8.0, w2=7.0) == [0]
     kept.clear()
-    assert len(kept.changed([row(1, 8.0), row(2, 7.0)], t2, 90)) == 2
+    assert changed(kept, t2, w1=8.0, w2=7.0) == [0, 1]
     kept.committed(t2)
+    assert changed(kept, t2 + timedelta(seconds=60), w1=8.0, w2=7.0) == []
     # A longer gap than the lease timeout: another daemon may have written meanwhile.
-    assert len(kept.changed([row(1, 8.0), row(2, 7.0)], t2 + timedelta(seconds=91), 90)) == 2
+    assert changed(kept, t2 + timedelta(seconds=91), w1=8.0, w2=7.0) == [0, 1]
+
+
+def test_estimate_rows_hold_what_estimate_params_gives(filled):
+    """`estimate_keys` and `estimate_row` store the same params as `estimate_params`
+    (non-finite values as None), and the remaining work and flags of the row."""
+    from datetime import UTC, datetime
+
+    from malleable.daemon.estimates import estimate_keys, estimate_row
+
+    filled.set_state(j4=JobState.PENDING)   # (no samples: non-finite values)
+    est, *_ = filled.run(EstimatorBook(), ["1", "2", "3", "4"], record=False)
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    keys = estimate_keys(est)
+    assert len(keys) == 4
+    for i, key in enumerate(keys):
+        row = estimate_row(100 + i, t, key)
+        assert row["params"] == estimate_params(est, i)
+        assert row["job_id"] == 100 + i and row["time"] == t
+        w = float(est.remaining_work[i])
+        assert row["remaining_work"] == (w if np.isfinite(w) else None)
+        assert row["flags"] == {"bits": int(est.flags[i])}
 
 
 def test_kept_jobs_keep_their_estimates_as_jobs_come_go_and_reorder(filled):
