@@ -360,7 +360,28 @@ class EstimatorBook:
 
         Returns:
             (estimates, speedup table), both with ``len(jobs)`` rows.
+
+        Raises:
+            What reading the store or the estimators raise. The rows are then
+            forgotten (`forget_rows`): reading the samples moves the watermark past
+            them before they are folded in, so the next run reads every job's
+            samples again, as after a restart, instead of missing those.
         """
+        try:
+            return self._run(s, jobs, gpus_per_node, total_gpus)
+        except BaseException:
+            self.forget_rows()
+            raise
+
+    def forget_rows(self) -> None:
+        """Drop every job's row, fold and kept estimate: the next `run` treats every
+        job as new and reads all its stored samples (what a restarted daemon does)."""
+        self.ids = []
+        self.state = EstimatorState.empty(0, self.config)
+        self.memo = None
+
+    def _run(self, s: Session, jobs: Sequence[Job], gpus_per_node: int, total_gpus: int,
+             ) -> tuple[Estimates, SpeedupTable]:
         ids = [j.id for j in jobs]
         new = self._align(ids)
         batch = self._samples(s, ids, new)

@@ -314,6 +314,36 @@ def test_estimate_rows_hold_what_estimate_params_gives(filled):
         assert row["flags"] == {"bits": int(est.flags[i])}
 
 
+def test_a_run_that_fails_after_reading_samples_loses_none(filled):
+    """The samples read by a run whose estimators raised are read again by the next
+    run (the watermark had moved past them): its state is a fresh book's."""
+    st, book = filled, EstimatorBook()
+    st.run(book, ["1", "2"], record=False)
+    st.set_state(j4=JobState.RUNNING)
+    st.add_samples("1", 3)
+    st.add_samples("4", 5)
+    real = book_mod.cycle_changed
+
+    def broken(*a, **kw):
+        raise ValueError("estimators failed")
+
+    book_mod.cycle_changed = broken
+    try:
+        with pytest.raises(ValueError, match="estimators failed"):
+            with st.S() as s:
+                book.run(s, [s.scalars(select(Job).where(Job.slurm_job_id == j)).one()
+                             for j in ("1", "2", "4")], G, 16)
+    finally:
+        book_mod.cycle_changed = real
+    assert book.ids == [] and book.memo is None
+    st.run(book, ["1", "2", "4"], record=False)
+    fresh = EstimatorBook()
+    st.run(fresh, ["1", "2", "4"], record=False)
+    assert book.state.intervals.tolist() == fresh.state.intervals.tolist()
+    assert min(book.state.intervals.tolist()) > 0
+    np.testing.assert_allclose(book.state.progress, fresh.state.progress, rtol=1e-12)
+
+
 def test_kept_jobs_keep_their_estimates_as_jobs_come_go_and_reorder(filled):
     """The book's memo follows its rows (`EstimatorBook._align`): a job with nothing
     new keeps its estimate, whichever jobs are around it and in whatever order."""
