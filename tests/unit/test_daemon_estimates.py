@@ -329,10 +329,9 @@ def test_a_run_that_fails_after_reading_samples_loses_none(filled):
 
     book_mod.cycle_changed = broken
     try:
-        with pytest.raises(ValueError, match="estimators failed"):
-            with st.S() as s:
-                book.run(s, [s.scalars(select(Job).where(Job.slurm_job_id == j)).one()
-                             for j in ("1", "2", "4")], G, 16)
+        with pytest.raises(ValueError, match="estimators failed"), st.S() as s:
+            book.run(s, [s.scalars(select(Job).where(Job.slurm_job_id == j)).one()
+                         for j in ("1", "2", "4")], G, 16)
     finally:
         book_mod.cycle_changed = real
     assert book.ids == [] and book.memo is None
