@@ -1,5 +1,4 @@
-"""How starvation promotion shapes the Philly window's queue: requeues, jobs that have
-run and wait again, and the wall time of a truncated run, with and without it.
+"""Starvation promotion on the Philly window: requeues, queue and wall time, with and without.
 
 Under sustained load every pending job eventually waits ``starve_s`` and is promoted
 (`malleable.policies.starvation`); each decision then starts the longest-waiting one,
@@ -15,7 +14,10 @@ Each ``--starve-s`` value is one run (the policy's ``starve_s`` parameter; 1e9 p
 promotion out of reach). Printed per run: requeues and admissions that reached DONE,
 jobs finished, the others by state at the end (running, pending, held: by the daemon,
 e.g. checkpointed to 0 GPUs or beyond the queue depth), the mean JCT of the finished
-ones (biased to short jobs in a truncated run), decide cycles and wall time.
+ones (biased to short jobs in a truncated run), decide cycles and wall time; then the
+largest groups of held jobs by reason (the daemon's last target reason: the policy's
+words for a job it considered, Slurm's pending reason for one it never did). The runs
+are not paired (`ab_speed.py`): their wall times are only as steady as the VM.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from machine import reference_line  # noqa: E402
 
 from malleable.config import parse_config  # noqa: E402
+from malleable.policies.registry import get_policy  # noqa: E402
 from malleable.sim.jobsetup import setup_for  # noqa: E402
 from malleable.sim.loop import SimOptions, run_simulation  # noqa: E402
 from malleable.sim.traces import load_philly  # noqa: E402
@@ -61,6 +64,12 @@ def main() -> int:
         ap.error(f"--starve-s {args.starve_s!r}: expected numbers separated by commas")
     if args.hours <= 0 or not values or min(values) <= 0:
         ap.error(f"--hours {args.hours}, --starve-s {args.starve_s}: expected values > 0")
+    for v in values:
+        try:
+            get_policy(args.policy, starve_s=v)
+        except ValueError as exc:
+            ap.error(f"--policy {args.policy} with starve_s {v:g}: {exc} "
+                     f"(policies with starvation promotion: las, gittins, pollux)")
     logging.getLogger("malleable").setLevel(logging.ERROR)
     jobs = load_philly(args.philly, seed=0, min_duration_s=PHILLY_MIN_DURATION_S,
                        max_gpu_time_s=PHILLY_MAX_GPU_TIME_S)
@@ -88,6 +97,9 @@ def main() -> int:
               f"at the end: running={left['running']:3d} pending={left['pending']:5d} "
               f"held={left['held']:5d} mean_jct_finished={mean:8.0f}s "
               f"decides={r.cycles.decides} wall={wall:6.1f}s", flush=True)
+        held = [g for g in r.summary["unfinished_jobs"] if g["state"] == "held"]
+        for g in held[:3]:
+            print(f"    held {g['jobs']:5d}: {g['reason'][:100]}")
     print(reference_line())
     return 0
 

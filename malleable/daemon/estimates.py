@@ -375,10 +375,13 @@ class EstimatorBook:
 
     def forget_rows(self) -> None:
         """Drop every job's row, fold and kept estimate: the next `run` treats every
-        job as new and reads all its stored samples (what a restarted daemon does)."""
+        job as new and reads all its stored samples (what a restarted daemon does),
+        and checks the finished jobs again (a read of theirs cut short is redone;
+        those already learned are kept)."""
         self.ids = []
         self.state = EstimatorState.empty(0, self.config)
         self.memo = None
+        self._completed_key = None
 
     def _run(self, s: Session, jobs: Sequence[Job], gpus_per_node: int, total_gpus: int,
              ) -> tuple[Estimates, SpeedupTable]:

@@ -129,7 +129,8 @@ def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
 @functools.lru_cache(maxsize=4096)
 def _node_names(nodes: str) -> tuple[str, ...]:
     """`expand_hostlist` as a tuple, kept for the node lists seen lately (a running
-    job's is read twice a cycle, every cycle). Raises `HostlistError` as it does."""
+    job's is read every cycle, and it changes only when the job restarts). Raises
+    `HostlistError` as it does."""
     return tuple(expand_hostlist(nodes))
 
 

@@ -335,6 +335,7 @@ def test_a_run_that_fails_after_reading_samples_loses_none(filled):
     finally:
         book_mod.cycle_changed = real
     assert book.ids == [] and book.memo is None
+    assert book._completed_key is None   # (finished jobs are checked again too)
     st.run(book, ["1", "2", "4"], record=False)
     fresh = EstimatorBook()
     st.run(fresh, ["1", "2", "4"], record=False)
