@@ -303,10 +303,10 @@ class EstimatorBook:
 
         Rebuilt only when a finished job was learned or a group got a number:
         `FinishedKnowledge` only grows and `_number_groups` only adds numbers, so the
-        two lengths determine both. A group's prior depends
-        on its own finished jobs alone (the first n learned of that group), so only
-        the groups that grew are fitted again (`group_prior` of that group's jobs;
-        the same values as of all jobs at once).
+        two lengths determine both. A group's prior depends on its own finished jobs
+        alone (the first n learned of that group), so only the groups that grew are
+        fitted again (`group_prior` of that group's jobs; the same values as of all
+        jobs at once).
         """
         fk = self.finished
         key = (len(fk.group), len(groups))   # (numbers are never reassigned: `_number_groups`)

@@ -254,13 +254,10 @@ def _signature(sj: SlurmJob) -> tuple:
             sj.submit_time, sj.start_time, sj.end_time, sj.restart_count)
 
 
-_RUNNING = JobState.RUNNING.value
-
-
 def _attained(job: Mapping[str, Any], now: datetime) -> float | None:
     """A stored job's attained service at ``now``: the GPUs it held since the last poll
     added while it runs (GPU-seconds), else as stored."""
-    if job["state"] == _RUNNING and job["last_seen"] is not None:
+    if job["state"] == JobState.RUNNING.value and job["last_seen"] is not None:
         dt = (now - job["last_seen"]).total_seconds()
         return (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
     return job["attained_gpu_s"]   # unchanged: see `upsert_jobs`'s docstring
@@ -369,12 +366,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             # Nothing Slurm shows changed since this caller's last write: no event, no
             # field to compare.
             jid = ids[sid] = job["id"]
-            if job["state"] == _RUNNING:
-                write(sid, jid, job, {"last_seen": now, "attained_gpu_s": _attained(job, now)},
-                      sig)
-            else:   # (`write`'s result without its dicts: most of a queue waits)
-                touched.append(jid)
-                written[sid] = {**job, "last_seen": now}
+            write(sid, jid, job, {"last_seen": now, "attained_gpu_s": _attained(job, now)}, sig)
             continue
         if job is not None and reused_id(job, sj):
             # A new job: the finished one keeps its rows under another id, and its

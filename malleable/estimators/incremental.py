@@ -240,5 +240,5 @@ def cycle_changed(state: EstimatorState, batch: ProgressBatch, specs: JobSpecs, 
                                         np.ones(J, dtype=bool), settled)
 
 
-__all__ = ["REMAINING_FLAGS", "SETTLE_TOL", "CycleMemo", "cycle_changed", "prior_matrix", "spec_matrix",
-           "take_estimates", "take_prior", "take_specs", "take_table"]
+__all__ = ["REMAINING_FLAGS", "SETTLE_TOL", "CycleMemo", "cycle_changed", "prior_matrix",
+           "spec_matrix", "take_estimates", "take_prior", "take_specs", "take_table"]

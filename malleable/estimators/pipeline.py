@@ -165,7 +165,8 @@ def _prior_u(prior: ThroughputPrior, given: np.ndarray) -> np.ndarray:
 
 
 def _put(full: np.ndarray, mask: np.ndarray, part: np.ndarray) -> np.ndarray:
-    """A copy of ``full`` with the rows ``mask`` selects (a bool mask or row indices) replaced by ``part``."""
+    """A copy of ``full`` with the rows ``mask`` selects (a bool mask or row indices)
+    replaced by ``part``."""
     out = full.copy()
     out[mask] = part
     return out
