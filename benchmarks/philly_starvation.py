@@ -2,9 +2,10 @@
 
 Under sustained load every pending job eventually waits ``starve_s`` and is promoted
 (`malleable.policies.starvation`); each decision then starts the longest-waiting one,
-which takes a running job's GPUs. Every job that has run stays in the policy's problem
-until it finishes (`malleable.daemon.inputs.split_queue`), so this rotation sets how many
-jobs each decide cycle handles, and so the simulator's cost per simulated minute.
+which takes a running job's GPUs. The policy's problem holds the running jobs and the
+first ``queue_depth`` pending ones (`malleable.daemon.inputs.split_queue`); until
+2026-12-07 the depth counted only jobs that never started, so every job this rotation
+requeued stayed in the problem and set the simulator's cost per simulated minute.
 
 usage (from a checkout):
     python benchmarks/philly_starvation.py [--hours 15] [--policy pollux]

@@ -293,10 +293,10 @@ class PolicyConfig:
                                  le=1000, note="0: no such lease, the cool-down alone")
     default_restart_cost_s: float = _f(60.0, "restart cost assumed before one is measured, s",
                                        ge=0, le=DAY_S, note="1 day")
-    queue_depth: int = _f(100, "waiting malleable jobs (pending, never started) the policy "
+    queue_depth: int = _f(100, "pending malleable jobs (started before or not) the policy "
                           "considers each cycle, oldest first; later ones stay held until "
                           "they move up (as Slurm's default_queue_depth)", ge=0, le=1_000_000,
-                          note="0: every waiting job")
+                          note="0: every pending job")
 
 
 @dataclass(frozen=True)

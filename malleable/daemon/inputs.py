@@ -56,7 +56,7 @@ class PolicyInputs:
         estimates: the estimators' output for ``jobs`` (same order).
         excluded: Slurm id -> why a malleable job was left out this cycle.
         digest: a hash of the inputs (`Decision.inputs_digest`).
-        queued: the waiting jobs beyond the queue depth (`split_queue`), oldest first:
+        queued: the pending jobs beyond the queue depth (`split_queue`), oldest first:
             rows as ``jobs``, not allocated (also in ``excluded``); the daemon keeps
             them held.
         free_by_node: node name -> GPUs malleable jobs may use there (``capacity``'s
@@ -90,25 +90,26 @@ def managed(job: Job, partitions: Sequence[str]) -> bool:
     return job.state in MANAGED_STATES
 
 
-def waiting(job: Job, sj: SlurmJob) -> bool:
-    """A job that has not started yet: pending in Slurm, never restarted, no attained
-    service (a requeued job, pending again, is not waiting: it holds work in progress)."""
-    return sj.state == JobState.PENDING and not job.restart_count and not job.attained_gpu_s
-
-
 def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
                 ) -> tuple[list[Job], list[Job]]:
     """Bound the policy's problem to the head of the queue, as Slurm's main scheduler
-    does with ``default_queue_depth`` (slurm.conf(5), SchedulerParameters).
+    does with ``default_queue_depth`` (slurm.conf(5), SchedulerParameters): of the
+    pending jobs, started before or not, only the first ``depth`` by arrival.
+
+    A requeued or preempted job pending again counts like one that never started:
+    if the depth did not bound those, a policy that rotates jobs through the GPUs
+    (starvation promotion under overload) would grow the problem to every job that
+    ever ran (1,400 jobs in the Philly window, benchmarks/results/philly_starvation.txt).
+    Such a job keeps its checkpoint while it waits beyond the depth.
 
     Args:
         jobs: the managed jobs in queue order (oldest arrival first).
         observed: this cycle's poll by Slurm id (every job of ``jobs`` is in it).
-        depth: how many `waiting` jobs the policy considers; 0: all of them.
+        depth: how many pending jobs the policy considers; 0: all of them.
 
     Returns:
-        (the jobs the policy allocates: every job that is not waiting, and the first
-        ``depth`` waiting ones; the later waiting jobs), both in the given order.
+        (the jobs the policy allocates: every job that is not pending, and the first
+        ``depth`` pending ones; the later pending jobs), both in the given order.
         A job only moves up: one that arrives later joins the queue behind it.
     """
     if depth <= 0:
@@ -117,7 +118,7 @@ def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
     queued: list[Job] = []
     n = 0
     for j in jobs:
-        if waiting(j, observed[j.slurm_job_id]):
+        if observed[j.slurm_job_id].state == JobState.PENDING:
             n += 1
             if n > depth:
                 queued.append(j)

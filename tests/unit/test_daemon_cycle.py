@@ -356,7 +356,40 @@ def test_waiting_jobs_beyond_the_queue_depth_stay_held_and_move_up(tmp_path):
     assert c.job(r).held
 
 
-def test_split_queue_keeps_every_started_job_and_the_first_waiting_ones():
+def test_a_requeued_job_beyond_the_queue_depth_stays_held_and_moves_up(tmp_path):
+    # The depth counts every pending job, started before or not: two checkpointed jobs
+    # pending again with a depth of 1 put only the older one in the policy's problem.
+    c = Cluster(tmp_path, nodes=1, queue_depth=1)
+    p, q = c.malleable(), c.malleable()               # both run: 2 + 2 of 4 GPUs
+    c.advance(60)
+    c.daemon.poll_cycle()
+    for j in (p, q):                                  # as `scontrol requeue` does
+        c.slurm.requeue_hold(j)
+        c.slurm.release(j)
+    c.advance(20)
+    report = c.daemon.decide_cycle()
+    assert c.job(q).restart_count == 1 and c.job(q).state == JobState.PENDING
+    assert report.managed == 1
+    assert ("hold", "waiting beyond the queue depth") in {
+        (x.kind.value, x.reason) for x in report.planned if x.job_id == q}
+    with c.sessions() as s:
+        recorded = s.scalars(select(Job.slurm_job_id).join(Target, Target.job_id == Job.id)
+                             .where(Target.decision_id == report.decision_id)).all()
+    assert recorded == [p]
+    assert c.job(q).held
+    # P is admitted and runs once its requeue's begin time (121 s) passes; Q, the only
+    # pending job left, moves up into the problem.
+    for _ in range(8):
+        c.advance(20)
+        report = c.daemon.decide_cycle()
+    assert c.job(p).state == JobState.RUNNING
+    with c.sessions() as s:
+        recorded = set(s.scalars(select(Job.slurm_job_id).join(Target, Target.job_id == Job.id)
+                                 .where(Target.decision_id == report.decision_id)))
+    assert recorded == {p, q}
+
+
+def test_split_queue_keeps_every_running_job_and_the_first_pending_ones():
     from types import SimpleNamespace
 
     from malleable.daemon.inputs import split_queue
@@ -366,16 +399,21 @@ def test_split_queue_keeps_every_started_job_and_the_first_waiting_ones():
         return SimpleNamespace(slurm_job_id=sid, restart_count=restarts, attained_gpu_s=attained)
 
     jobs = [row("1"), row("2", attained=60.0), row("3"), row("4", restarts=1), row("5"),
-            row("6")]
+            row("6"), row("7", restarts=2, attained=600.0)]
     states = {"1": JobState.PENDING, "2": JobState.PENDING, "3": JobState.RUNNING,
-              "4": JobState.PENDING, "5": JobState.PENDING, "6": JobState.PENDING}
+              "4": JobState.PENDING, "5": JobState.PENDING, "6": JobState.PENDING,
+              "7": JobState.RUNNING}
     observed = {k: SlurmJob(job_id=k, job_id_num=int(k), state=v) for k, v in states.items()}
-    kept, queued = split_queue(jobs, observed, 2)
-    # Waiting: 1, 5, 6 (2 has attained service, 3 runs, 4 was requeued); the first two stay.
-    assert [j.slurm_job_id for j in kept] == ["1", "2", "3", "4", "5"]
-    assert [j.slurm_job_id for j in queued] == ["6"]
+    kept, queued = split_queue(jobs, observed, 3)
+    # Pending: 1, 2, 4, 5, 6, started before or not (2 has attained service, 4 was
+    # requeued); the first three stay, with both running jobs wherever they arrived.
+    assert [j.slurm_job_id for j in kept] == ["1", "2", "3", "4", "7"]
+    assert [j.slurm_job_id for j in queued] == ["5", "6"]
+    kept, queued = split_queue(jobs, observed, 1)
+    assert [j.slurm_job_id for j in kept] == ["1", "3", "7"]
+    assert [j.slurm_job_id for j in queued] == ["2", "4", "5", "6"]
     assert split_queue(jobs, observed, 0) == (jobs, [])
-    assert split_queue(jobs, observed, 3) == (jobs, [])
+    assert split_queue(jobs, observed, 5) == (jobs, [])
 
 
 def test_the_policy_an_operator_sets_is_read_with_the_pause_by_the_poll(tmp_path):
