@@ -17,7 +17,8 @@ jobs finished, the others by state at the end (running, pending, held: by the da
 e.g. checkpointed to 0 GPUs or beyond the queue depth), the mean JCT of the finished
 ones (biased to short jobs in a truncated run), decide cycles and wall time; then the
 largest groups of held jobs by reason (the daemon's last target reason: the policy's
-words for a job it considered, Slurm's pending reason for one it never did). The runs
+words for a job it considered at some time, Slurm's pending reason for one it never
+did; a job requeued beyond the queue depth keeps the policy's last words). The runs
 are not paired (`ab_speed.py`): their wall times are only as steady as the VM.
 """
 

@@ -1,21 +1,23 @@
 """The Philly busiest 2-week window run whole with one policy: its JCT metrics and times.
 
 `bench_sim_speed.py` times this run and stops it at a wall-time limit; this script
-runs it to the end (every job finished) and prints the whole `summary.json` of the
-run (average, median and p99 JCT, makespan, GPU utilization, restarts per job,
-finish-time fairness, the decisions digest), with its wall and CPU time. It is the
+runs it to the end (every job finished) and prints the scalar fields of the run's
+`summary.json` (average, median and p99 JCT, makespan, GPU utilization, restarts per
+job, finish-time fairness, the decisions digest), with its wall and CPU time. It is the
 measurement for a change that alters decisions under overload: run it from this
 checkout and from a worktree of the revision before the change (``git worktree add
 /tmp/base REV``; ``python /tmp/base/benchmarks/philly_window.py``), and compare.
-The window, jobs and options are `bench_sim_speed.py`'s (16 nodes x 4 GPUs, 30 s
-restart cost, the daemon's defaults).
+(For a revision older than this script, copy it into that worktree: it uses only
+the simulator's API of 2026-12-07 and before.) The window, jobs and
+options are `bench_sim_speed.py`'s (16 nodes x 4 GPUs, 30 s restart cost, the
+daemon's defaults).
 
 usage (from a checkout):
     python benchmarks/philly_window.py [--policy default] [--philly PATH]
         [--queue-depth N]
 
 A progress line every 2,000 decide cycles (about 33 simulated hours). It takes 15
-to 30 minutes on the 2-core machine, as the run (benchmarks/results/sim_speed.txt).
+to 30 minutes on the 2-core machine (benchmarks/results/philly_window.txt).
 """
 
 from __future__ import annotations
@@ -57,9 +59,12 @@ def main() -> int:
         ap.error(f"--policy {args.policy!r}: expected one of default, {', '.join(POLICIES)}")
     policy: dict = {"name": args.policy}
     if args.queue_depth is not None:
-        if args.queue_depth < 0:
-            ap.error(f"--queue-depth {args.queue_depth}: expected an integer >= 0")
+        if not 0 <= args.queue_depth <= 1_000_000:
+            ap.error(f"--queue-depth {args.queue_depth}: expected an integer from 0 to "
+                     f"1000000")
         policy["queue_depth"] = args.queue_depth
+    if not Path(args.philly).is_file():
+        ap.error(f"--philly {args.philly}: no such file")
     logging.getLogger("malleable").setLevel(logging.ERROR)
     jobs = load_philly(args.philly, seed=0, min_duration_s=PHILLY_MIN_DURATION_S,
                        max_gpu_time_s=PHILLY_MAX_GPU_TIME_S)

@@ -714,8 +714,10 @@ class Daemon:
                                      and runs.get(j.id, -1) < sj.restart_count))))
             targets.append(Target(j.slurm_job_id, int(alloc.gpus[i]), int(alloc.batch[i]),
                                   alloc.reason[i]))
-        # Waiting jobs beyond the queue depth stay held (after the plan's own targets):
-        # only those not held yet (just submitted) need a view.
+        # Pending jobs beyond the queue depth stay held (after the plan's own targets):
+        # only those not held yet need a view (just submitted, or requeued or released
+        # by someone else; one the daemon is starting is not beyond it, `split_queue`),
+        # and one with an action in flight is left to that action.
         for j in inputs.queued:
             sj = self.observed[j.slurm_job_id]
             if sj.held or j.id in busy:

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from malleable.config import Config
 from malleable.daemon.estimates import EstimatorBook
-from malleable.db.models import Action, Job, JobEvent, ProgressSample
+from malleable.db.models import Action, Decision, Job, JobEvent, ProgressSample, Target
 from malleable.db.store import run_core
 from malleable.db.types import SharedJSON
 from malleable.estimators.pipeline import Estimates
@@ -90,27 +90,35 @@ def managed(job: Job, partitions: Sequence[str]) -> bool:
     return job.state in MANAGED_STATES
 
 
-def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
-                ) -> tuple[list[Job], list[Job]]:
+def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int,
+                starting: Collection[int] = ()) -> tuple[list[Job], list[Job]]:
     """Bound the policy's problem to the head of the queue, as Slurm's main scheduler
     does with ``default_queue_depth`` (slurm.conf(5), SchedulerParameters): of the
-    pending jobs, started before or not, only the first ``depth`` by arrival.
+    pending jobs, started before or not, only the first ``depth`` by arrival, and
+    those the daemon is starting.
 
     A requeued or preempted job pending again counts like one that never started:
     if the depth did not bound those, a policy that rotates jobs through the GPUs
     (starvation promotion under overload) would grow the problem to every job that
-    ever ran (1,400 jobs in the Philly window, benchmarks/results/philly_starvation.txt).
+    ever ran (1,400 jobs in the Philly window, benchmarks/results/sim_speed.txt).
     Such a job keeps its checkpoint while it waits beyond the depth.
+
+    A job's place can move down: an older running job that is requeued pends ahead
+    of it. So a pending job the last decision gave GPUs (``starting``: an admission
+    or a restart at a new size, not running yet) stays in the problem, outside the
+    count, as a running job does: it is not held back in mid-start, and the room its
+    start needs stays reserved.
 
     Args:
         jobs: the managed jobs in queue order (oldest arrival first).
         observed: this cycle's poll by Slurm id (every job of ``jobs`` is in it).
         depth: how many pending jobs the policy considers; 0: all of them.
+        starting: ``jobs.id`` of the jobs the last decision gave GPUs (`last_started`).
 
     Returns:
-        (the jobs the policy allocates: every job that is not pending, and the first
-        ``depth`` pending ones; the later pending jobs), both in the given order.
-        A job only moves up: one that arrives later joins the queue behind it.
+        (the jobs the policy allocates: every job that is not pending, those in
+        ``starting``, and the first ``depth`` other pending ones; the later pending
+        jobs), both in the given order.
     """
     if depth <= 0:
         return jobs, []
@@ -118,13 +126,23 @@ def split_queue(jobs: list[Job], observed: dict[str, SlurmJob], depth: int
     queued: list[Job] = []
     n = 0
     for j in jobs:
-        if observed[j.slurm_job_id].state == JobState.PENDING:
+        if observed[j.slurm_job_id].state == JobState.PENDING and j.id not in starting:
             n += 1
             if n > depth:
                 queued.append(j)
                 continue
         kept.append(j)
     return kept, queued
+
+
+_LAST_STARTED = select(Target.job_id).where(
+    Target.decision_id == select(func.max(Decision.id)).scalar_subquery(), Target.gpus > 0)
+
+
+def last_started(s: Session) -> set[int]:
+    """``jobs.id`` of the jobs the latest recorded decision gave GPUs (one query over
+    that decision's targets; empty before the first decision)."""
+    return set(s.scalars(_LAST_STARTED))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -356,7 +374,8 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
     unsized_ids = {j.id for j in unsized}
     jobs = [j for j in jobs if j.id not in unsized_ids]
     jobs.sort(key=lambda j: (j.arrival_time or j.first_seen, j.id))
-    jobs, queued = split_queue(jobs, observed, config.policy.queue_depth)
+    jobs, queued = split_queue(jobs, observed, config.policy.queue_depth,
+                               last_started(s) if config.policy.queue_depth > 0 else ())
     if queued:
         why = (f"waiting beyond the queue depth (policy.queue_depth = "
                f"{config.policy.queue_depth}): held until it moves up")

@@ -345,20 +345,28 @@ def test_waiting_jobs_beyond_the_queue_depth_stay_held_and_move_up(tmp_path):
     c.daemon.decide_cycle()
     assert c.job(rigid).state == JobState.COMPLETED
     assert c.job(p).state == JobState.RUNNING
-    c.advance(20)
-    report = c.daemon.decide_cycle()
+    # Q, the head of the waiting queue now, is given GPUs (equi: 2 + 2, P shrinks by a
+    # requeue). A job the last decision gave GPUs counts outside the depth while it
+    # starts (`split_queue`), so R, the next pending job, is in the problem too: given
+    # none, it stays held.
+    for _ in range(2):
+        c.advance(20)
+        report = c.daemon.decide_cycle()
     with c.sessions() as s:
-        recorded = set(s.scalars(select(Job.slurm_job_id).join(Target, Target.job_id == Job.id)
-                                 .where(Target.decision_id == report.decision_id)))
+        recorded = {sid: k for sid, k in s.execute(select(Job.slurm_job_id, Target.gpus).join(
+            Target, Target.job_id == Job.id).where(Target.decision_id == report.decision_id))}
         assert s.scalar(select(Decision.id).order_by(Decision.id.desc()).limit(1)) \
             == report.decision_id
-    assert recorded == {p, q}
+    assert recorded == {p: 2, q: 2, r: 0}
+    assert [(x.job_id, x.kind.value, x.to_gpus) for x in report.planned] == [
+        (p, "requeue", 2), (q, "admit", 2)]
     assert c.job(r).held
 
 
 def test_a_requeued_job_beyond_the_queue_depth_stays_held_and_moves_up(tmp_path):
-    # The depth counts every pending job, started before or not: two checkpointed jobs
-    # pending again with a depth of 1 put only the older one in the policy's problem.
+    # The depth counts every pending job, started before or not: two jobs that ran,
+    # requeued and pending again, with a depth of 1 put only the older one in the
+    # policy's problem.
     c = Cluster(tmp_path, nodes=1, queue_depth=1)
     p, q = c.malleable(), c.malleable()               # both run: 2 + 2 of 4 GPUs
     c.advance(60)
@@ -377,8 +385,8 @@ def test_a_requeued_job_beyond_the_queue_depth_stays_held_and_moves_up(tmp_path)
                              .where(Target.decision_id == report.decision_id)).all()
     assert recorded == [p]
     assert c.job(q).held
-    # P is admitted and runs once its requeue's begin time (121 s) passes; Q, the only
-    # pending job left, moves up into the problem.
+    # The policy gives P GPUs, and it runs once its requeue's begin time (121 s)
+    # passes; Q, the only pending job left, moves up into the problem.
     for _ in range(8):
         c.advance(20)
         report = c.daemon.decide_cycle()
@@ -396,7 +404,8 @@ def test_split_queue_keeps_every_running_job_and_the_first_pending_ones():
     from malleable.slurm.records import SlurmJob
 
     def row(sid, restarts=0, attained=0.0):
-        return SimpleNamespace(slurm_job_id=sid, restart_count=restarts, attained_gpu_s=attained)
+        return SimpleNamespace(id=100 + int(sid), slurm_job_id=sid, restart_count=restarts,
+                               attained_gpu_s=attained)
 
     jobs = [row("1"), row("2", attained=60.0), row("3"), row("4", restarts=1), row("5"),
             row("6"), row("7", restarts=2, attained=600.0)]
@@ -412,6 +421,11 @@ def test_split_queue_keeps_every_running_job_and_the_first_pending_ones():
     kept, queued = split_queue(jobs, observed, 1)
     assert [j.slurm_job_id for j in kept] == ["1", "3", "7"]
     assert [j.slurm_job_id for j in queued] == ["2", "4", "5", "6"]
+    # A pending job the last decision gave GPUs (4, 6: being started) stays, outside
+    # the count, wherever it is in the queue.
+    kept, queued = split_queue(jobs, observed, 1, starting={104, 106})
+    assert [j.slurm_job_id for j in kept] == ["1", "3", "4", "6", "7"]
+    assert [j.slurm_job_id for j in queued] == ["2", "5"]
     assert split_queue(jobs, observed, 0) == (jobs, [])
     assert split_queue(jobs, observed, 5) == (jobs, [])
 
