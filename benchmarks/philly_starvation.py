@@ -38,18 +38,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from machine import reference_line  # noqa: E402
+from philly import DEFAULT_PATH, busiest_window  # noqa: E402
 
 from malleable.config import parse_config  # noqa: E402
 from malleable.policies.registry import get_policy  # noqa: E402
 from malleable.sim.jobsetup import setup_for  # noqa: E402
 from malleable.sim.loop import SimOptions, run_simulation  # noqa: E402
-from malleable.sim.traces import load_philly  # noqa: E402
-from malleable.sim.workloads import (  # noqa: E402
-    PHILLY_MAX_GPU_TIME_S,
-    PHILLY_MIN_DURATION_S,
-    busiest_fitting_window,
-    isolated_demand,
-)
 
 
 def main() -> int:
@@ -58,7 +52,7 @@ def main() -> int:
     ap.add_argument("--policy", default="pollux")
     ap.add_argument("--starve-s", default="3600,1e9",
                     help="comma-separated starve_s values, one run each")
-    ap.add_argument("--philly", default="/work/shared/data/philly_pollux/philly.csv")
+    ap.add_argument("--philly", default=DEFAULT_PATH)
     args = ap.parse_args()
     try:
         values = [float(v) for v in args.starve_s.split(",") if v]
@@ -73,10 +67,7 @@ def main() -> int:
             ap.error(f"--policy {args.policy} with starve_s {v:g}: {exc} "
                      f"(policies with starvation promotion: las, gittins, pollux)")
     logging.getLogger("malleable").setLevel(logging.ERROR)
-    jobs = load_philly(args.philly, seed=0, min_duration_s=PHILLY_MIN_DURATION_S,
-                       max_gpu_time_s=PHILLY_MAX_GPU_TIME_S)
-    vc, start, window = busiest_fitting_window(jobs, 14 * 86400.0, 64.0,
-                                               demand=lambda j: isolated_demand(j, 4, 64))
+    vc, start, window = busiest_window(args.philly)
     print(reference_line())
     print(f"# philly busiest fitting 2-week window: virtual cluster {vc}, from day "
           f"{start / 86400:.1f}, {len(window)} jobs; 16 nodes x 4 GPUs, {args.policy}, "
