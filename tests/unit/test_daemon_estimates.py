@@ -314,7 +314,7 @@ def test_estimate_rows_hold_what_estimate_params_gives(filled):
         assert row["flags"] == {"bits": int(est.flags[i])}
 
 
-def test_a_run_that_fails_after_reading_samples_loses_none(filled):
+def test_a_run_that_fails_after_reading_samples_loses_none(filled, monkeypatch):
     """The samples read by a run whose estimators raised are read again by the next
     run (the watermark had moved past them): its state is a fresh book's."""
     st, book = filled, EstimatorBook()
@@ -322,18 +322,15 @@ def test_a_run_that_fails_after_reading_samples_loses_none(filled):
     st.set_state(j4=JobState.RUNNING)
     st.add_samples("1", 3)
     st.add_samples("4", 5)
-    real = book_mod.cycle_changed
 
     def broken(*a, **kw):
         raise ValueError("estimators failed")
 
-    book_mod.cycle_changed = broken
-    try:
-        with pytest.raises(ValueError, match="estimators failed"), st.S() as s:
+    with monkeypatch.context() as m, st.S() as s:
+        m.setattr(book_mod, "cycle_changed", broken)
+        with pytest.raises(ValueError, match="estimators failed"):
             book.run(s, [s.scalars(select(Job).where(Job.slurm_job_id == j)).one()
                          for j in ("1", "2", "4")], G, 16)
-    finally:
-        book_mod.cycle_changed = real
     assert book.ids == [] and book.memo is None
     assert book._completed_key is None   # (finished jobs are checked again too)
     st.run(book, ["1", "2", "4"], record=False)
