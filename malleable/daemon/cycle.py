@@ -59,7 +59,13 @@ from malleable.daemon.estimates import (
     estimate_row,
 )
 from malleable.daemon.history import daemon_holds, reporting_runs, requeue_backoff
-from malleable.daemon.inputs import InputsCache, PolicyInputs, build_inputs, placement_of
+from malleable.daemon.inputs import (
+    MANAGED_STATES,
+    InputsCache,
+    PolicyInputs,
+    build_inputs,
+    placement_of,
+)
 from malleable.daemon.logs import job_logger, set_cycle
 from malleable.daemon.reconcile import (
     NO_PLACEMENT,
@@ -640,7 +646,8 @@ class Daemon:
         inputs = build_inputs(s, self.observed, self.nodes, self.book, now, self.config,
                               seed=self.seed, with_size_history=getattr(
                                   policy, "uses_size_history", True),
-                              cache=self.inputs_cache)
+                              cache=self.inputs_cache,
+                              known=self.job_rows.in_states(MANAGED_STATES))
         alloc = policy.allocate(inputs.jobset, inputs.capacity, inputs.context)
         duration = self.timer() - t0
         targets = [store.TargetIn(j.id, int(k), int(b) or None, why) for j, k, b, why in zip(

@@ -324,8 +324,8 @@ def size_history(s: Session, limit: int = 5000) -> np.ndarray:
 
 def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[SlurmNode],
                  book: EstimatorBook, now: datetime, config: Config, *, seed: int = 0,
-                 with_size_history: bool = True, cache: InputsCache | None = None
-                 ) -> PolicyInputs:
+                 with_size_history: bool = True, cache: InputsCache | None = None,
+                 known: Iterable[Job] | None = None) -> PolicyInputs:
     """The policy's inputs for this cycle.
 
     Args:
@@ -342,13 +342,20 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
             (`Policy.uses_size_history`).
         cache: values kept from earlier cycles (`InputsCache`; the caller forgets
             what its polls changed); None: read every value.
+        known: the rows of every stored job in the managed states (pending, running),
+            as the caller, the only writer of job rows, keeps them
+            (`store.JobRows.in_states`: `JobRow`s, with every column but
+            ``submit_time``, ``start_time`` and ``end_time``); None: read from the
+            store. The same inputs either way.
 
     Returns:
         `PolicyInputs`. Never raises for one job's bad values: the job is excluded.
     """
     partitions = list(config.slurm.partitions)
     # Read-only table rows (attributes as `Job`'s), not ORM entities: cheaper to load.
-    rows = run_core(s, _MANAGED_ROWS).all()
+    # The caller's kept rows (`known`) hold the rigid jobs too: `managed` leaves them out.
+    rows = run_core(s, _MANAGED_ROWS).all() if known is None else \
+        [j for j in known if j.malleable]
     excluded: dict[str, str] = {}
     jobs: list[Job] = []
     for j in rows:

@@ -155,7 +155,10 @@ def _event(job_id: int, time: datetime, kind: str, **values: Any) -> dict[str, A
     return row
 
 
-_UPSERT_KEYS = ("id", "slurm_job_id", "last_seen", "attained_gpu_s", *_JOB_FIELDS)
+# What `upsert_jobs` reads and keeps (`JobRows`): the compared fields and what the
+# daemon's policy inputs read of an unfinished job (`JobRows.in_states`).
+_UPSERT_KEYS = ("id", "slurm_job_id", "last_seen", "attained_gpu_s", *_JOB_FIELDS,
+                "malleable", "spec", "spec_error", "first_seen", "arrival_time")
 _UPSERT_COLUMNS = [Job.__table__.c[c] for c in _UPSERT_KEYS]
 _UPSERT_SELECT = select(*_UPSERT_COLUMNS).where(
     Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
@@ -214,12 +217,28 @@ def _expire_loaded(session: Session, model: type) -> None:
         session.expire(obj)
 
 
+class JobRow(dict):
+    """A row of ``jobs`` as `upsert_jobs` keeps it (`JobRows`): a dict of column name ->
+    value whose columns also read as attributes (``row.state``, as a `Job`'s), so the
+    readers of table rows take it as they are. Raises AttributeError for a column it
+    does not hold."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 class JobRows:
     """The ``jobs`` rows of the unfinished jobs as `upsert_jobs` last wrote them, kept in
     memory by a caller that is the only writer of those rows (the daemon), so that a
-    poll reads from the database only the jobs not kept here.
+    poll reads from the database only the jobs not kept here, and the daemon's policy
+    inputs read none (`in_states`).
 
-    What it holds: Slurm id -> the row's compared columns (``_UPSERT_COLUMNS``), for
+    What it holds: Slurm id -> the row's columns ``_UPSERT_KEYS`` (`JobRow`), for
     the jobs whose state after the last upsert is one of that call's ``unlisted_in``
     states (unfinished). Finished jobs are not kept (retention deletes only finished
     jobs, so no kept row is deleted under it); nor are the ``unlisted`` jobs an upsert
@@ -245,6 +264,15 @@ class JobRows:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def in_states(self, states: Collection[str]) -> list[JobRow] | None:
+        """The kept rows of the jobs in ``states`` (in no particular order) when every
+        stored job in them is kept (``complete``, and ``states`` among the kept ones);
+        None when the database must be read instead. The rows are shared, not copied:
+        read-only (`upsert_jobs` replaces a row, it never changes one)."""
+        if not self.complete or not self.states.issuperset(states):
+            return None
+        return [r for r in self.rows.values() if r["state"] in states]
 
 
 def _signature(sj: SlurmJob) -> tuple:
@@ -334,7 +362,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             query, params = _UPSERT_SELECT_OR_IN_STATES, {"ids": part, "states": states}
         for row in run_core(session, query, params):
             if row.slurm_job_id in incoming:
-                existing[row.slurm_job_id] = row._asdict()
+                existing[row.slurm_job_id] = JobRow(row._mapping)
             else:
                 unlisted[row.slurm_job_id] = row.id
     new = changed = 0
@@ -355,9 +383,10 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
         if known is not None:
             if job.get("_sig") == sig:   # a kept row, the same but for the poll's time
-                written[sid] = {**job, **diff}
+                written[sid] = JobRow(job, **diff)
             else:
-                written[sid] = {k: diff.get(k, job[k]) for k in _UPSERT_KEYS} | {"_sig": sig}
+                written[sid] = JobRow({k: diff.get(k, job[k]) for k in _UPSERT_KEYS},
+                                      _sig=sig)
 
     for sid, sj in incoming.items():
         job = existing.get(sid)
@@ -394,7 +423,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
             if known is not None:
-                written[sid] = {k: row.get(k) for k in _UPSERT_KEYS} | {"id": jid, "_sig": sig}
+                written[sid] = JobRow({k: row.get(k) for k in _UPSERT_KEYS}, id=jid, _sig=sig)
             if sid in moved:
                 run_core(session, _MOVE_PROGRESS_FILE, {"_old": moved[sid], "_new": jid})
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,

@@ -680,6 +680,39 @@ def test_the_inputs_cache_gives_what_reading_the_events_gives(tmp_path):
     assert read.requested.tolist() == [2] and np.isfinite(read.since_change).all()
 
 
+def test_the_inputs_from_the_kept_job_rows_are_those_read_from_the_store(tmp_path):
+    """`build_inputs` with the rows the daemon keeps (`JobRows.in_states`) gives the jobs,
+    what is left out and why, the queue beyond the depth and the JobSet that reading
+    the ``jobs`` table gives: running, pending, held, beyond the depth, rigid, and a
+    job whose spec is invalid."""
+    from malleable.daemon.inputs import MANAGED_STATES, build_inputs
+
+    c = Cluster(tmp_path, queue_depth=2)
+    c.submit(1, 4, RigidJob(1e6))                     # node1
+    c.submit(1, 2, RigidJob(1e6), "malleable:gpus=banana")   # invalid spec: rigid
+    ids = [c.malleable() for _ in range(5)]
+    for _ in range(6):
+        c.advance(20)
+        c.daemon.decide_cycle()
+    kept = c.daemon.job_rows.in_states(MANAGED_STATES)
+    assert kept is not None and len(kept) == 7        # (5 malleable, 2 rigid)
+    assert {c.job(j).state for j in ids} == {JobState.RUNNING, JobState.PENDING}
+
+    def inputs(known):
+        with c.sessions() as s:
+            return build_inputs(s, c.daemon.observed, c.daemon.nodes, c.daemon.book,
+                                c.engine.datetime_at(), c.daemon.config, known=known)
+
+    a, b = inputs(kept), inputs(None)
+    assert [j.id for j in a.jobs] == [j.id for j in b.jobs] and len(a.jobs) >= 2
+    assert [j.id for j in a.queued] == [j.id for j in b.queued] and len(a.queued) >= 1
+    assert a.excluded == b.excluded
+    for name in ("ids", "min_gpus", "max_gpus", "step", "current", "attained", "age",
+                 "restart_cost", "since_change", "requested", "restarts"):
+        np.testing.assert_array_equal(getattr(a.jobset, name), getattr(b.jobset, name))
+    assert a.digest == b.digest
+
+
 class _NoGradients:
     """A model profile whose job logs no gradient statistics (grad_sqr, grad_var)."""
 

@@ -79,12 +79,19 @@ def test_kept_rows_give_the_rows_events_and_results_of_reading_them(polls):
             b = _poll(kept, jobs, now, skipped, known)
             assert a == b
             assert _rows(plain) == _rows(kept)
-            # Kept: exactly the unfinished jobs, as stored (after a poll that read all).
+            # Kept: exactly the unfinished jobs, as stored (after a poll that read all),
+            # every kept column as the database has it (what the policy inputs read).
             if known.complete:
-                with kept() as s:
-                    active = set(s.scalars(select(Job.slurm_job_id)
-                                           .where(Job.state.in_(ACTIVE))))
-                assert set(known.rows) == active
+                stored = {r["slurm_job_id"]: r for r in _rows(kept)[0] if r["state"] in ACTIVE}
+                assert set(known.rows) == set(stored)
+                rows = known.in_states(("PENDING", "RUNNING"))
+                assert sorted(r.slurm_job_id for r in rows) == sorted(
+                    sid for sid, r in stored.items() if r["state"] in ("PENDING", "RUNNING"))
+                for row in known.rows.values():
+                    assert {k: v for k, v in row.items() if k != "_sig"} == {
+                        k: stored[row.slurm_job_id][k] for k in row if k != "_sig"}
+            else:
+                assert known.in_states(("PENDING",)) is None
     finally:
         e1.dispose()
         e2.dispose()
@@ -122,8 +129,10 @@ def test_rows_kept_for_other_states_are_not_taken_as_complete():
     try:
         _poll(sessions, [SlurmJob(job_id="1", job_id_num=1)], T0, False, known)
         assert known.complete and set(known.rows) == {"1"}
+        assert [r.id for r in known.in_states(("PENDING",))] == [1]
+        assert known.in_states(("PENDING", "COMPLETED")) is None   # (not kept)
         _poll(sessions, [SlurmJob(job_id="1", job_id_num=1)], T0, True, known)  # skipped
-        assert not known.complete
+        assert not known.complete and known.in_states(("PENDING",)) is None
         known.clear()
         assert len(known) == 0 and not known.complete
     finally:
