@@ -160,6 +160,9 @@ def _event(job_id: int, time: datetime, kind: str, **values: Any) -> dict[str, A
 _UPSERT_KEYS = ("id", "slurm_job_id", "last_seen", "attained_gpu_s", *_JOB_FIELDS,
                 "malleable", "spec", "spec_error", "first_seen", "arrival_time")
 _UPSERT_COLUMNS = [Job.__table__.c[c] for c in _UPSERT_KEYS]
+# A kept row's columns (`JobRows`): all of those but ``last_seen``, the same for every
+# kept row (`JobRows.seen_at`).
+_KEPT_KEYS = tuple(k for k in _UPSERT_KEYS if k != "last_seen")
 _UPSERT_SELECT = select(*_UPSERT_COLUMNS).where(
     Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True)))
 # The same, and the jobs in the states :states (`upsert_jobs`'s ``unlisted_in``).
@@ -167,6 +170,9 @@ _UPSERT_SELECT_OR_IN_STATES = select(*_UPSERT_COLUMNS).where(
     Job.__table__.c.slurm_job_id.in_(bindparam("ids", expanding=True))
     | Job.__table__.c.state.in_(bindparam("states", expanding=True)))
 _INSERT_JOB = insert(Job.__table__).returning(Job.__table__.c.id)
+_RUNNING = JobState.RUNNING.value   # (an enum member's value is slow to read in a loop)
+# The columns of a running job's update when nothing else changed.
+_SEEN_RUNNING = ("last_seen", "attained_gpu_s")
 # Jobs whose only change is the poll's time: one UPDATE per 500 of them.
 _TOUCH_JOBS = (update(Job.__table__)
                .where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
@@ -238,7 +244,9 @@ class JobRows:
     poll reads from the database only the jobs not kept here, and the daemon's policy
     inputs read none (`in_states`).
 
-    What it holds: Slurm id -> the row's columns ``_UPSERT_KEYS`` (`JobRow`), for
+    What it holds: Slurm id -> the row's columns ``_UPSERT_KEYS`` but ``last_seen``
+    (`JobRow`; every kept job was in the last poll, so its ``last_seen`` is
+    ``seen_at``, that poll's time), for
     the jobs whose state after the last upsert is one of that call's ``unlisted_in``
     states (unfinished). Finished jobs are not kept (retention deletes only finished
     jobs, so no kept row is deleted under it); nor are the ``unlisted`` jobs an upsert
@@ -250,17 +258,19 @@ class JobRows:
     whenever something else may have written job rows.
     """
 
-    __slots__ = ("rows", "complete", "states")
+    __slots__ = ("rows", "complete", "states", "seen_at")
 
     def __init__(self) -> None:
-        self.rows: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, JobRow] = {}
         self.complete = False
         self.states: frozenset[str] = frozenset()
+        self.seen_at: datetime | None = None
 
     def clear(self) -> None:
         """Forget every row: the next upsert reads them from the database."""
         self.rows.clear()
         self.complete = False
+        self.seen_at = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -282,12 +292,16 @@ def _signature(sj: SlurmJob) -> tuple:
             sj.submit_time, sj.start_time, sj.end_time, sj.restart_count)
 
 
-def _attained(job: Mapping[str, Any], now: datetime) -> float | None:
+def _attained(job: Mapping[str, Any], now: datetime, seen: datetime | None = None
+              ) -> float | None:
     """A stored job's attained service at ``now``: the GPUs it held since the last poll
-    added while it runs (GPU-seconds), else as stored."""
-    if job["state"] == JobState.RUNNING.value and job["last_seen"] is not None:
-        dt = (now - job["last_seen"]).total_seconds()
-        return (job["attained_gpu_s"] or 0.0) + max(0.0, dt) * job["gpus"]
+    added while it runs (GPU-seconds), else as stored. ``seen``: the last poll's time,
+    for a row that does not hold its ``last_seen`` (a kept one)."""
+    if job["state"] == _RUNNING:
+        last = job.get("last_seen", seen)
+        if last is not None:
+            return (job["attained_gpu_s"] or 0.0) + max(0.0, (now - last).total_seconds()) \
+                * job["gpus"]
     return job["attained_gpu_s"]   # unchanged: see `upsert_jobs`'s docstring
 
 
@@ -346,6 +360,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         known.states = frozenset(states)
     kept = known.rows if known is not None else {}
     from_kept = known is not None and known.complete
+    seen = known.seen_at if known is not None else None   # (a kept row's last_seen)
     to_read = [sid for sid in incoming if sid not in kept] if from_kept else list(incoming)
     if from_kept:
         for sid, row in kept.items():
@@ -382,20 +397,23 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         else:
             updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
         if known is not None:
-            if job.get("_sig") == sig:   # a kept row, the same but for the poll's time
-                written[sid] = JobRow(job, **diff)
-            else:
-                written[sid] = JobRow({k: diff.get(k, job[k]) for k in _UPSERT_KEYS},
-                                      _sig=sig)
+            written[sid] = JobRow({k: diff.get(k, job[k]) for k in _KEPT_KEYS}, _sig=sig)
 
     for sid, sj in incoming.items():
         job = existing.get(sid)
         sig = _signature(sj)
         if known is not None and job is not None and job.get("_sig") == sig:
             # Nothing Slurm shows changed since this caller's last write: no event, no
-            # field to compare.
+            # field to compare; the kept row stays as it is unless the job runs.
             jid = ids[sid] = job["id"]
-            write(sid, jid, job, {"last_seen": now, "attained_gpu_s": _attained(job, now)}, sig)
+            attained = _attained(job, now, seen)
+            if attained == job["attained_gpu_s"]:
+                touched.append(jid)
+                written[sid] = job
+            else:
+                updates.setdefault(_SEEN_RUNNING, []).append(
+                    {"_id": jid, "last_seen": now, "attained_gpu_s": attained})
+                written[sid] = JobRow(job, attained_gpu_s=attained)
             continue
         if job is not None and reused_id(job, sj):
             # A new job: the finished one keeps its rows under another id, and its
@@ -423,7 +441,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
             if known is not None:
-                written[sid] = JobRow({k: row.get(k) for k in _UPSERT_KEYS}, id=jid, _sig=sig)
+                written[sid] = JobRow({k: row.get(k) for k in _KEPT_KEYS}, id=jid, _sig=sig)
             if sid in moved:
                 run_core(session, _MOVE_PROGRESS_FILE, {"_old": moved[sid], "_new": jid})
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
@@ -432,7 +450,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             continue
         jid = ids[sid] = job["id"]
         before = len(events)
-        diff: dict[str, Any] = {"last_seen": now, "attained_gpu_s": _attained(job, now)}
+        diff: dict[str, Any] = {"last_seen": now, "attained_gpu_s": _attained(job, now, seen)}
         if job["state"] != state:
             events.append(_event(jid, now, "state", old_state=job["state"], new_state=state))
         if job["gpus"] != sj.gpus or job["nodes"] != sj.node_count:
@@ -469,6 +487,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
                 kept.pop(sid, None)
         # Every stored job in the states was read (or kept): the rows are complete.
         known.complete = bool(states) and (from_kept or read_states)
+        known.seen_at = now
     resized = frozenset(e["job_id"] for e in events if e["kind"] in ("size", "restart"))
     return UpsertResult(new, changed, len(events), ids, unlisted, resized,
                         frozenset(e["job_id"] for e in events), spec_errors)

@@ -90,6 +90,9 @@ def test_kept_rows_give_the_rows_events_and_results_of_reading_them(polls):
                 for row in known.rows.values():
                     assert {k: v for k, v in row.items() if k != "_sig"} == {
                         k: stored[row.slurm_job_id][k] for k in row if k != "_sig"}
+                    # (the poll's time, kept once for all: every kept job was in it)
+                    assert "last_seen" not in row
+                    assert stored[row.slurm_job_id]["last_seen"] == known.seen_at == now
             else:
                 assert known.in_states(("PENDING",)) is None
     finally:
