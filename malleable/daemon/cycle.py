@@ -116,15 +116,13 @@ _TO_INGEST = _to_ingest(Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSP
 # States in which a job's processes exist, so it may write progress lines.
 _WRITING_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED,
                              JobState.CONFIGURING})
-# The same jobs less the pending ones that cannot have written since the last read
-# (`Daemon._ingest_in`): a pending job is read only if its id is in :ids.
-_TO_INGEST_WRITERS = _to_ingest(
-    ((Job.state != JobState.PENDING.value)
-     & (Job.state.in_(("RUNNING", "COMPLETING", "SUSPENDED"))
-        | (Job.last_seen >= bindparam("recent"))))
-    | Job.id.in_(bindparam("ids", expanding=True)))
-# At most this many pending jobs are named by id in one ingest query; more: read all.
-_MAX_PENDING_WRITERS = 500
+# Once every file was read (`Daemon._ingest_in`): the jobs Slurm shows running (or
+# completing, suspended) and those named in :ids (their files may hold lines not read
+# yet: `Daemon._note_writers`), by index (no scan of every job the store holds).
+_TO_INGEST_WRITERS = _to_ingest(Job.state.in_(("RUNNING", "COMPLETING", "SUSPENDED"))
+                                | Job.id.in_(bindparam("ids", expanding=True)))
+# At most this many jobs are named by id in one ingest query; more: read all.
+_MAX_NAMED_WRITERS = 500
 
 # Steps at which an action has not changed its job yet, while no call was attempted.
 _UNTOUCHED_STEPS = (Step.HOLD.value, Step.SHRINK.value)
@@ -236,7 +234,7 @@ class Daemon:
         # to read; and whether every job's file was read once since this process began.
         self._writers: dict[int, datetime] = {}
         self._unread: set[int] = set()   # jobs.id of files a read left bytes in
-        self._pending_writers: list[int] = []
+        self._may_write: list[int] = []   # `_note_writers`'s jobs.id, sorted
         self._read_all = False
         self._spool_error = ""   # why the spool could not be opened at the last ingest
         # Slurm ids the last apply left alone for want of a node with room (the level
@@ -392,11 +390,11 @@ class Daemon:
         """Remember, from one poll, which jobs may have written progress lines: those
         Slurm shows running (or completing, suspended, configuring), and those the
         poll gave an event (new, state, size, restart: e.g. a job that started and was
-        requeued between two polls). Entries older than the read window are dropped
-        (so finished jobs do not accumulate), and so are the files with bytes left of
-        jobs Slurm no longer lists (they are read while seen lately, as ended jobs
-        are; ``complete`` False: the poll skipped records, so none is dropped). Also
-        lists the pending jobs among them, for `_ingest_in`."""
+        requeued between two polls, or one that ended). Entries older than the read
+        window are dropped (so finished jobs do not accumulate), and so are the files
+        with bytes left of jobs Slurm no longer lists (they are read while seen lately,
+        as ended jobs are; ``complete`` False: the poll skipped records, so none is
+        dropped). Lists them, and those with bytes left, for `_ingest_in`."""
         writers, ids = self._writers, upserted.ids
         for jid in upserted.evented:
             writers[jid] = now
@@ -408,10 +406,7 @@ class Daemon:
             del writers[jid]
         if self._unread and complete:
             self._unread &= set(ids.values())
-        self._pending_writers = sorted(
-            jid for sj in jobs if sj.state == JobState.PENDING
-            and (jid := ids.get(sj.job_id)) is not None
-            and (jid in writers or jid in self._unread))
+        self._may_write = sorted(writers.keys() | self._unread)
 
     def ingest(self, now: datetime) -> IngestReport:
         """Read new progress lines of the malleable jobs (and those that just ended),
@@ -444,20 +439,20 @@ class Daemon:
         Whose files are read: the malleable jobs that are active (pending, running,
         completing, suspended) or were seen in the last three poll intervals (their
         last lines, e.g. ``finished``). Once every such file has been read since this
-        process began, a pending job's file is read only while it may hold lines not
-        read yet: within three poll intervals of a poll that showed the job running or
-        gave it an event (`_note_writers`), or while its last read left bytes in it
-        (`IngestReport.unread`, until a read drains it). A pending job has no
-        processes, so it writes nothing; the lines it wrote before it stopped are read
-        in that window, and after a restart of the daemon, or while polls skip job
-        records, every file is read. Skipping the other pending jobs' files changes
-        no sample or event (a read would find no new bytes); only a file refused for
-        a problem (a symlink, another owner) is not checked again while its job
-        pends."""
+        process began, only those that may hold lines not read yet are: the running
+        (completing, suspended) jobs', and the others' within three poll intervals of
+        a poll that showed the job running or gave it an event (`_note_writers`: its
+        start, requeue or end), or while its last read left bytes in it
+        (`IngestReport.unread`, until a read drains it). A pending or ended job has
+        no processes, so it writes nothing; the lines it wrote before it stopped are
+        read in that window, and after a restart of the daemon, or while polls skip
+        job records, every file is read. Skipping the other files changes no sample or
+        event (a read would find no new bytes); only a file refused for a problem (a
+        symlink, another owner) is not checked again while its job pends or after it
+        ended."""
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
-        if self._read_all and not full and len(self._pending_writers) <= _MAX_PENDING_WRITERS:
-            rows = store.run_core(s, _TO_INGEST_WRITERS,
-                                  {"recent": recent, "ids": self._pending_writers}).all()
+        if self._read_all and not full and len(self._may_write) <= _MAX_NAMED_WRITERS:
+            rows = store.run_core(s, _TO_INGEST_WRITERS, {"ids": self._may_write}).all()
         else:
             rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
         report = ingest_progress(
@@ -482,8 +477,8 @@ class Daemon:
         self._unread.difference_update(r.id for r in rows)
         self._unread.update(report.unread)
         for jid in report.unread:
-            if jid not in self._pending_writers:
-                self._pending_writers.append(jid)
+            if jid not in self._may_write:
+                self._may_write.append(jid)
         return report
 
     def drive(self, now: datetime, paused: bool) -> DriveReport:

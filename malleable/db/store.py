@@ -227,15 +227,15 @@ class JobRow(dict):
     """A row of ``jobs`` as `upsert_jobs` keeps it (`JobRows`): a dict of column name ->
     value whose columns also read as attributes (``row.state``, as a `Job`'s), so the
     readers of table rows take it as they are. Raises AttributeError for a column it
-    does not hold."""
+    does not hold.
 
-    __slots__ = ()
+    The instance's attribute dict is the dict itself, so an attribute reads as fast as
+    an item (a ``__getattr__`` would be a call per read: the policy inputs read some
+    ten columns of every pending job in every cycle)."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.__dict__ = self
 
 
 class JobRows:

@@ -1,8 +1,8 @@
 """What a poll reads: whose progress files (`Daemon._ingest_in`), and which job rows
 (`Daemon.job_rows`, `store.JobRows`).
 
-Once the daemon has read every malleable job's file since it started, a pending
-job's file is read only while it can hold lines not read yet: for three poll
+Once the daemon has read every malleable job's file since it started, a pending or
+ended job's file is read only while it can hold lines not read yet: for three poll
 intervals after a poll showed the job running or gave it an event, and while bytes
 are left past the last read. These tests run the daemon against the simulator's
 Slurm (`SimSlurm`) with a real SQLite store, and write the progress lines
@@ -116,6 +116,30 @@ def test_a_pending_job_with_bytes_left_is_read_until_its_file_is_drained(tmp_pat
         c.advance(10)
         d.poll_cycle()
     assert d._writers == {}
+
+
+def test_an_ended_job_is_read_for_three_poll_intervals_while_slurm_lists_it(tmp_path):
+    """An ended job's last lines are read in the window after the poll that saw it end;
+    after that its file is not read, though Slurm lists it until MinJobAge (300 s)."""
+    c = Cluster(tmp_path, nodes=1)
+    p = c.submit(1, 2, RigidJob(1e6), SPEC)
+    c.advance(1)
+    c.daemon.poll_cycle()                             # the first read: every file
+    c.advance(10)
+    c.daemon.poll_cycle()
+    _line(c, p, 1)
+    c.slurm.cancel(p)                                 # its last line, then its end
+    c.advance(10)
+    c.daemon.poll_cycle()
+    assert _samples(c, p) == 1
+    for _ in range(4):
+        c.advance(10)
+        c.daemon.poll_cycle()
+    assert c.job(p) is not None and c.job(p).state.value == "CANCELLED"   # (listed)
+    _line(c, p, 2)   # (an ended job writes nothing; this shows its file is not opened)
+    c.advance(10)
+    assert c.daemon.poll_cycle().ingest.jobs_read == 0
+    assert _samples(c, p) == 1
 
 
 def test_the_upsert_names_every_job_given_an_event(tmp_path):
