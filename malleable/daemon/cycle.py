@@ -113,13 +113,11 @@ def _to_ingest(which):
 # Malleable jobs whose progress is read: active ones, and those seen since ``recent``.
 _TO_INGEST = _to_ingest(Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
                         | (Job.last_seen >= bindparam("recent")))
-# States in which a job's processes exist, so it may write progress lines.
-_WRITING_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED,
-                             JobState.CONFIGURING})
 # Once every file was read (`Daemon._ingest_in`): the jobs Slurm shows running (or
 # completing, suspended) and those named in :ids (their files may hold lines not read
 # yet: `Daemon._note_writers`), by index (no scan of every job the store holds).
-_TO_INGEST_WRITERS = _to_ingest(Job.state.in_(("RUNNING", "COMPLETING", "SUSPENDED"))
+_READ_BY_STATE = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED})
+_TO_INGEST_WRITERS = _to_ingest(Job.state.in_(sorted(s.value for s in _READ_BY_STATE))
                                 | Job.id.in_(bindparam("ids", expanding=True)))
 # At most this many jobs are named by id in one ingest query; more: read all.
 _MAX_NAMED_WRITERS = 500
@@ -229,9 +227,10 @@ class Daemon:
         self.operator_policy: tuple[str, dict] | None = None
         self._settings_read = False   # whether a poll read them yet (`_note_operator_settings`)
         self.last_ingest: IngestReport | None = None  # of the last poll that ingested
-        # Which pending jobs' progress files can hold unread lines (`_ingest_in`):
-        # jobs.id -> the last poll at which the job ran, got an event, or had bytes left
-        # to read; and whether every job's file was read once since this process began.
+        # Which jobs' progress files can hold unread lines (`_note_writers`): jobs.id ->
+        # the last poll that showed the job in a state other than pending, gave it an
+        # event or found it gone; the files a read left bytes in; and whether every
+        # job's file was read once since this process began.
         self._writers: dict[int, datetime] = {}
         self._unread: set[int] = set()   # jobs.id of files a read left bytes in
         self._may_write: list[int] = []   # `_note_writers`'s jobs.id, sorted
@@ -387,26 +386,39 @@ class Daemon:
 
     def _note_writers(self, jobs: list[SlurmJob], upserted: store.UpsertResult,
                       now: datetime, complete: bool = True) -> None:
-        """Remember, from one poll, which jobs may have written progress lines: those
-        Slurm shows running (or completing, suspended, configuring), and those the
-        poll gave an event (new, state, size, restart: e.g. a job that started and was
-        requeued between two polls, or one that ended). Entries older than the read
-        window are dropped (so finished jobs do not accumulate), and so are the files
-        with bytes left of jobs Slurm no longer lists (they are read while seen lately,
-        as ended jobs are; ``complete`` False: the poll skipped records, so none is
-        dropped). Lists them, and those with bytes left, for `_ingest_in`."""
+        """Remember, from one poll, which jobs' progress files may hold lines not read
+        yet, besides the running (completing, suspended) ones `_ingest_in` reads by
+        state: those Slurm shows in a state other than pending (e.g. configuring, or
+        ended and still listed), those the poll gave an event (new, state, size,
+        restart: e.g. a job that started and was requeued between two polls), and
+        those a complete poll found gone (they ended unseen: `_mark_vanished`), each
+        for three poll intervals; and those whose last read left bytes in their file.
+        Entries older than that window are dropped (so finished jobs do not
+        accumulate), and so are the files with bytes left of jobs Slurm no longer lists
+        (``complete`` False: the poll skipped records, so none is dropped). Lists them
+        for `_ingest_in`, but for the jobs the state clause reads and those gone at
+        this poll (still stored as Slurm last showed them: a pending one is read from
+        the next poll, once marked ended)."""
         writers, ids = self._writers, upserted.ids
+        in_poll = set(ids.values())
         for jid in upserted.evented:
-            writers[jid] = now
-        for sj in jobs:
-            if sj.state in _WRITING_STATES and (jid := ids.get(sj.job_id)) is not None:
+            if jid in in_poll:   # (not a finished job's row that Slurm's id moved from)
                 writers[jid] = now
+        by_state: set[int] = set()
+        for sj in jobs:
+            if sj.state != JobState.PENDING and (jid := ids.get(sj.job_id)) is not None:
+                writers[jid] = now
+                if sj.state in _READ_BY_STATE:
+                    by_state.add(jid)
+        gone = set(upserted.unlisted.values()) if complete else set()
+        for jid in gone:
+            writers[jid] = now
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
         for jid in [j for j, t in writers.items() if t < recent]:
             del writers[jid]
         if self._unread and complete:
-            self._unread &= set(ids.values())
-        self._may_write = sorted(writers.keys() | self._unread)
+            self._unread &= in_poll
+        self._may_write = sorted((writers.keys() | self._unread) - by_state - gone)
 
     def ingest(self, now: datetime) -> IngestReport:
         """Read new progress lines of the malleable jobs (and those that just ended),
@@ -439,17 +451,20 @@ class Daemon:
         Whose files are read: the malleable jobs that are active (pending, running,
         completing, suspended) or were seen in the last three poll intervals (their
         last lines, e.g. ``finished``). Once every such file has been read since this
-        process began, only those that may hold lines not read yet are: the running
-        (completing, suspended) jobs', and the others' within three poll intervals of
-        a poll that showed the job running or gave it an event (`_note_writers`: its
-        start, requeue or end), or while its last read left bytes in it
-        (`IngestReport.unread`, until a read drains it). A pending or ended job has
+        process began, the same files are read but for the pending jobs' that cannot
+        have been written since: the running (completing, suspended) jobs', and those
+        `_note_writers` lists, found by id (an index, not a scan of every job the store
+        holds). A pending job's file is read within three poll intervals of a poll
+        that showed the job running or gave it an event, or while its last read left
+        bytes in it (`IngestReport.unread`, until a read drains it). A pending job has
         no processes, so it writes nothing; the lines it wrote before it stopped are
-        read in that window, and after a restart of the daemon, or while polls skip
-        job records, every file is read. Skipping the other files changes no sample or
-        event (a read would find no new bytes); only a file refused for a problem (a
-        symlink, another owner) is not checked again while its job pends or after it
-        ended."""
+        read in that window, and after a restart of the daemon, or while polls skip job
+        records, every file is read. Skipping the other pending jobs' files changes
+        no sample or event (a read would find no new bytes); only a file refused for
+        a problem (a symlink, another owner) is not checked again while its job
+        pends. (A job found gone is read from the poll after, for three intervals:
+        one more read than its last sighting's window, as it is listed by id.)
+        """
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
         if self._read_all and not full and len(self._may_write) <= _MAX_NAMED_WRITERS:
             rows = store.run_core(s, _TO_INGEST_WRITERS, {"ids": self._may_write}).all()

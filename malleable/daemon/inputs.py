@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import math
+import operator
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -235,7 +236,9 @@ _REQUEUES = (select(Action.job_id, Action.signalled_at, Action.finished_at)
 _UNREAD_TIMES = frozenset({"submit_time", "start_time", "end_time", "last_seen"})
 _MANAGED_ROWS = select(*(type_coerce(c, SharedJSON()).label(c.name) if c.name == "spec" else c
                          for c in Job.__table__.c if c.name not in _UNREAD_TIMES)
-                       ).where(Job.malleable.is_(True), Job.state.in_(MANAGED_STATES))
+                       ).where(Job.malleable.is_(True), Job.state.in_(MANAGED_STATES)
+                               ).order_by(Job.id)
+_row_id = operator.attrgetter("id")
 _SIZE_HISTORY = (select(Job.attained_gpu_s).where(
     Job.malleable.is_(True), Job.state == JobState.COMPLETED.value,
     Job.attained_gpu_s > 0).order_by(Job.id.desc()).limit(bindparam("limit")))
@@ -344,9 +347,8 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
             what its polls changed); None: read every value.
         known: the rows of every stored job in the managed states (pending, running),
             as the caller, the only writer of job rows, keeps them
-            (`store.JobRows.in_states`: `JobRow`s, with every column but
-            ``submit_time``, ``start_time`` and ``end_time``); None: read from the
-            store. The same inputs either way.
+            (`store.JobRows.in_states`: `JobRow`s, every column but ``last_seen``);
+            None: read from the store. The same inputs either way.
 
     Returns:
         `PolicyInputs`. Never raises for one job's bad values: the job is excluded.
@@ -354,8 +356,9 @@ def build_inputs(s: Session, observed: dict[str, SlurmJob], nodes: Sequence[Slur
     partitions = list(config.slurm.partitions)
     # Read-only table rows (attributes as `Job`'s), not ORM entities: cheaper to load.
     # The caller's kept rows (`known`) hold the rigid jobs too: `managed` leaves them out.
+    # (By id, so that ``excluded`` lists jobs in one order whichever way they came.)
     rows = run_core(s, _MANAGED_ROWS).all() if known is None else \
-        [j for j in known if j.malleable]
+        sorted((j for j in known if j.malleable), key=_row_id)
     excluded: dict[str, str] = {}
     jobs: list[Job] = []
     for j in rows:

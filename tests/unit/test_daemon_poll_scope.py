@@ -11,14 +11,21 @@ themselves, so that lines appear in files exactly when the test says.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import func, select
 
 from malleable.config import parse_config
 from malleable.daemon.cycle import Daemon
-from malleable.db.models import Job, ProgressSample
+from malleable.db import schema
+from malleable.db.engine import make_engine, session_factory
+from malleable.db.models import Job, JobEvent, ProgressFile, ProgressSample
 from malleable.sim.jobs import RigidJob, progress_path, progress_record, write_progress_line
+from malleable.slurm.records import JobState, SlurmJob
 from tests.unit.test_daemon_cycle import SPEC, Cluster, SkippingSlurm
 
 
@@ -111,35 +118,101 @@ def test_a_pending_job_with_bytes_left_is_read_until_its_file_is_drained(tmp_pat
     assert _samples(c, p) == n
     c.advance(10)
     assert d.poll_cycle().ingest.jobs_read == 0       # drained: nothing left to read
-    c.slurm.cancel(p)                                 # ends: remembered no longer
-    for _ in range(5):
+    c.slurm.cancel(p)          # ends: read while Slurm lists it (MinJobAge, 300 s) and
+    for _ in range(35):        # for the window after; then remembered no longer
         c.advance(10)
         d.poll_cycle()
-    assert d._writers == {}
+    assert c.job(p) is None and d._writers == {}
 
 
-def test_an_ended_job_is_read_for_three_poll_intervals_while_slurm_lists_it(tmp_path):
-    """An ended job's last lines are read in the window after the poll that saw it end;
-    after that its file is not read, though Slurm lists it until MinJobAge (300 s)."""
+def _events(c: Cluster, job_id: str) -> list[str]:
+    with c.sessions() as s:
+        return [e.kind if e.kind != "state" else e.detail.split(" (")[0] for e in s.scalars(
+            select(JobEvent).join(Job, Job.id == JobEvent.job_id)
+            .where(Job.slurm_job_id == job_id).order_by(JobEvent.id))]
+
+
+def test_a_pending_job_that_ends_unseen_is_read_once_marked_ended(tmp_path):
+    """A job last seen pending, with no event for longer than the read window, that
+    runs, writes its last lines and is purged between two polls (MinJobAge 0): the
+    poll that finds it gone marks it VANISHED, and its file is read from the next
+    poll, so its ``finished`` line makes it COMPLETED (its id is named in the ingest
+    query: no scan of every stored job finds it by its last sighting)."""
     c = Cluster(tmp_path, nodes=1)
-    p = c.submit(1, 2, RigidJob(1e6), SPEC)
+    c.slurm.min_job_age_s = 0.0
+    q = c.submit(1, 2, RigidJob(1e6), SPEC)
+    c.slurm.hold(q)
     c.advance(1)
     c.daemon.poll_cycle()                             # the first read: every file
-    c.advance(10)
-    c.daemon.poll_cycle()
-    _line(c, p, 1)
-    c.slurm.cancel(p)                                 # its last line, then its end
-    c.advance(10)
-    c.daemon.poll_cycle()
-    assert _samples(c, p) == 1
-    for _ in range(4):
+    for _ in range(4):                                # Q's "new" event is 30 s behind
         c.advance(10)
         c.daemon.poll_cycle()
-    assert c.job(p) is not None and c.job(p).state.value == "CANCELLED"   # (listed)
-    _line(c, p, 2)   # (an ended job writes nothing; this shows its file is not opened)
-    c.advance(10)
-    assert c.daemon.poll_cycle().ingest.jobs_read == 0
-    assert _samples(c, p) == 1
+    c.advance(1)
+    _line(c, q, 1)
+    write_progress_line(progress_path(c.spool, q), progress_record(
+        t=c.engine.time(), job=q, event="finished", step=2, samples=1024, gpus=2, nodes=1,
+        batch=512, restart=0))
+    c.slurm.cancel(q)                                 # (and purged at once)
+    c.advance(9)
+    for _ in range(2):
+        c.daemon.poll_cycle()
+    assert c.job(q) is None
+    assert _samples(c, q) == 1
+    assert _events(c, q) == ["new", "PENDING -> VANISHED", "finished", "VANISHED -> COMPLETED"]
+
+
+class _ListedJobs:
+    """A Slurm port that lists what the test sets (`SimSlurm` never gives an id twice,
+    so a reused id is shown this way): ``jobs()`` returns ``listed``."""
+
+    rpc_count = 0
+    parse_errors = ()
+
+    def __init__(self) -> None:
+        self.listed: list[SlurmJob] = []
+
+    def jobs(self) -> list[SlurmJob]:
+        return list(self.listed)
+
+    def nodes(self) -> list:
+        return []
+
+
+def test_the_finished_row_of_a_reused_slurm_id_is_not_read(tmp_path, caplog):
+    """When Slurm gives a finished job's id to a new job, the finished job's rows are
+    kept under ``<id>~<jobs.id>`` (a "renamed" event on them): its file is not looked
+    for under that name (no progress-file row, no rejected-lines warning)."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    db = make_engine(f"sqlite:///{tmp_path}/m.db")
+    schema.prepare_schema(db)
+    sessions = session_factory(db)
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    slurm = _ListedJobs()
+    d = Daemon(slurm=slurm, sessions=sessions, clock=lambda: now[0], spool_dir=str(spool),
+               config=parse_config({"progress": {"spool_dir": str(spool)},
+                                    "daemon": {"poll_interval_s": 10.0}}))
+    first = SlurmJob("7", 7, uid=os.getuid(), state=JobState.RUNNING, gpus=2, node_count=1,
+                     gpus_per_node=2, submit_time=now[0], start_time=now[0], comment=SPEC)
+
+    def poll(listed):
+        slurm.listed = listed
+        now[0] += timedelta(seconds=10)
+        return d.poll_cycle()
+
+    poll([first])
+    poll([dataclasses.replace(first, state=JobState.COMPLETED, end_time=now[0])])
+    for _ in range(10):                               # purged, out of the read window
+        poll([])
+    with caplog.at_level(logging.WARNING, logger="malleable"):
+        poll([SlurmJob("7", 7, uid=os.getuid(), state=JobState.PENDING, gpus=2,
+                       node_count=1, submit_time=now[0], comment=SPEC)])
+        poll(slurm.listed)
+    with sessions() as s:
+        assert sorted(s.scalars(select(Job.slurm_job_id))) == ["7", "7~1"]
+        assert s.scalars(select(ProgressFile.job_id)).all() == []
+    assert "rejected progress lines" not in caplog.text
+    db.dispose()
 
 
 def test_the_upsert_names_every_job_given_an_event(tmp_path):
