@@ -29,11 +29,21 @@ from malleable.slurm.records import JobState, SlurmJob
 from tests.unit.test_daemon_cycle import SPEC, Cluster, SkippingSlurm
 
 
-def _line(c: Cluster, job_id: str, step: int) -> None:
+def _line(c: Cluster, job_id: str, step: int, event: str = "progress") -> None:
     """Append one progress line of ``job_id`` at the current virtual time."""
     write_progress_line(progress_path(c.spool, job_id), progress_record(
-        t=c.engine.time(), job=job_id, event="progress", step=step, samples=512 * step,
+        t=c.engine.time(), job=job_id, event=event, step=step, samples=512 * step,
         gpus=2, nodes=1, batch=512, restart=0))
+
+
+def _first_read_and_window(c: Cluster) -> None:
+    """The daemon's first read (every file), then four polls: the read window after the
+    jobs' "new" events (three poll intervals) has passed."""
+    c.advance(1)
+    c.daemon.poll_cycle()
+    for _ in range(4):
+        c.advance(10)
+        c.daemon.poll_cycle()
 
 
 def _samples(c: Cluster, job_id: str) -> int:
@@ -56,11 +66,7 @@ def test_a_pending_job_is_read_while_its_last_lines_can_be_unread(tmp_path):
     p = c.submit(1, 2, RigidJob(1e6), SPEC)           # runs on 2 of the node's 4 GPUs
     q = c.submit(1, 4, RigidJob(1e6), SPEC)           # pends: never runs here
     c.slurm.hold(q)
-    c.advance(1)
-    c.daemon.poll_cycle()                             # the first read: every file
-    for _ in range(4):                                # Q's "new" event is 30 s behind
-        c.advance(10)
-        c.daemon.poll_cycle()
+    _first_read_and_window(c)                         # Q's "new" event is 30 s behind
     c.advance(1)
     _line(c, p, 1)
     _line(c, q, 1)   # (a pending job writes nothing; this shows its file is not opened)
@@ -142,16 +148,10 @@ def test_a_pending_job_that_ends_unseen_is_read_once_marked_ended(tmp_path):
     c.slurm.min_job_age_s = 0.0
     q = c.submit(1, 2, RigidJob(1e6), SPEC)
     c.slurm.hold(q)
-    c.advance(1)
-    c.daemon.poll_cycle()                             # the first read: every file
-    for _ in range(4):                                # Q's "new" event is 30 s behind
-        c.advance(10)
-        c.daemon.poll_cycle()
+    _first_read_and_window(c)
     c.advance(1)
     _line(c, q, 1)
-    write_progress_line(progress_path(c.spool, q), progress_record(
-        t=c.engine.time(), job=q, event="finished", step=2, samples=1024, gpus=2, nodes=1,
-        batch=512, restart=0))
+    _line(c, q, 2, "finished")
     c.slurm.cancel(q)                                 # (and purged at once)
     c.advance(9)
     for _ in range(2):
