@@ -237,6 +237,11 @@ class JobRow(dict):
         super().__init__(*args, **kwargs)
         self.__dict__ = self
 
+    def __reduce__(self) -> tuple:
+        # A copy or pickle is built as a new row (attributes its own items again),
+        # not from a snapshot of the attribute dict.
+        return JobRow, (dict(self),)
+
 
 class JobRows:
     """The ``jobs`` rows of the unfinished jobs as `upsert_jobs` last wrote them, kept in

@@ -140,3 +140,17 @@ def test_rows_kept_for_other_states_are_not_taken_as_complete():
         assert len(known) == 0 and not known.complete
     finally:
         eng.dispose()
+
+
+def test_a_job_row_reads_its_columns_as_items_and_attributes_and_copies_whole():
+    import copy
+    import pickle
+
+    row = store.JobRow({"id": 3, "state": "PENDING"}, spec={"min_gpus": 1})
+    assert row.state == row["state"] == "PENDING" and row.spec == {"min_gpus": 1}
+    assert getattr(row, "last_seen", None) is None
+    for other in (copy.copy(row), copy.deepcopy(row), pickle.loads(pickle.dumps(row))):
+        assert type(other) is store.JobRow and other == row and other.id == 3
+        other["state"] = "RUNNING"
+        assert other.state == "RUNNING" and row.state == "PENDING"
+
