@@ -113,14 +113,32 @@ def _to_ingest(which):
 # Malleable jobs whose progress is read: active ones, and those seen since ``recent``.
 _TO_INGEST = _to_ingest(Job.state.in_(("PENDING", "RUNNING", "COMPLETING", "SUSPENDED"))
                         | (Job.last_seen >= bindparam("recent")))
-# Once every file was read (`Daemon._ingest_in`): the jobs Slurm shows running (or
-# completing, suspended) and those named in :ids (their files may hold lines not read
-# yet: `Daemon._note_writers`), by index (no scan of every job the store holds).
-_READ_BY_STATE = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED})
-_TO_INGEST_WRITERS = _to_ingest(Job.state.in_(sorted(s.value for s in _READ_BY_STATE))
+# States in which a job's processes exist, so it may write progress lines.
+_WRITING_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUSPENDED,
+                             JobState.CONFIGURING})
+# The states `_TO_INGEST` reads whatever the job's last sighting.
+_READ_BY_STATE = ("RUNNING", "COMPLETING", "SUSPENDED")
+# The same jobs as `_TO_INGEST` less the pending ones that cannot have written since the
+# last read (`Daemon._ingest_in`), found by index: the jobs in those states, and by id
+# (:ids) the pending ones that may have written and the others seen since ``recent``
+# (`Daemon._seen_ended`, so that no query scans every job the store holds for them).
+_TO_INGEST_WRITERS = _to_ingest(Job.state.in_(_READ_BY_STATE)
                                 | Job.id.in_(bindparam("ids", expanding=True)))
-# At most this many jobs are named by id in one ingest query; more: read all.
-_MAX_NAMED_WRITERS = 500
+# The same jobs, the ended ones found by their last sighting (a scan), the pending ones
+# by id: for more ended jobs seen lately than `_MAX_NAMED_JOBS` (rigid ones count).
+_TO_INGEST_SCAN = _to_ingest(
+    ((Job.state != JobState.PENDING.value)
+     & (Job.state.in_(_READ_BY_STATE) | (Job.last_seen >= bindparam("recent"))))
+    | Job.id.in_(bindparam("ids", expanding=True)))
+# At most this many jobs are named by id in one ingest query; more pending ones: read
+# every file (`_TO_INGEST`).
+_MAX_NAMED_JOBS = 500
+# The malleable jobs seen since ``recent`` in a state other than pending and
+# `_READ_BY_STATE` (ended, configuring, ...), with their last sighting (a scan: only
+# when every file is read, e.g. at start).
+_SEEN_ENDED = select(Job.id, Job.last_seen).where(
+    Job.malleable.is_(True), Job.state.not_in(("PENDING", *_READ_BY_STATE)),
+    Job.last_seen >= bindparam("recent"))
 
 # Steps at which an action has not changed its job yet, while no call was attempted.
 _UNTOUCHED_STEPS = (Step.HOLD.value, Step.SHRINK.value)
@@ -227,13 +245,15 @@ class Daemon:
         self.operator_policy: tuple[str, dict] | None = None
         self._settings_read = False   # whether a poll read them yet (`_note_operator_settings`)
         self.last_ingest: IngestReport | None = None  # of the last poll that ingested
-        # Which jobs' progress files can hold unread lines (`_note_writers`): jobs.id ->
-        # the last poll that showed the job in a state other than pending, gave it an
-        # event or found it gone; the files a read left bytes in; and whether every
-        # job's file was read once since this process began.
+        # Which pending jobs' progress files can hold unread lines (`_ingest_in`):
+        # jobs.id -> the last poll at which the job ran, got an event, or had bytes left
+        # to read; and whether every job's file was read once since this process began.
         self._writers: dict[int, datetime] = {}
         self._unread: set[int] = set()   # jobs.id of files a read left bytes in
-        self._may_write: list[int] = []   # `_note_writers`'s jobs.id, sorted
+        self._pending_writers: list[int] = []
+        # The jobs stored in a state other than pending and `_READ_BY_STATE` (ended,
+        # configuring, ...) seen in the read window: jobs.id -> their ``last_seen``.
+        self._seen_ended: dict[int, datetime] = {}
         self._read_all = False
         self._spool_error = ""   # why the spool could not be opened at the last ingest
         # Slurm ids the last apply left alone for want of a node with room (the level
@@ -327,21 +347,26 @@ class Daemon:
             self.last_ingest = self._ingest_in(s, now, full=bool(skipped)) if ingest else None
             # After the ingest: a vanished job's last lines (``finished``) count.
             if not skipped:
-                self._mark_vanished(s, list(upserted.unlisted.values()), now)
+                # (ended now, they are read while their last sighting is recent)
+                self._seen_ended.update(
+                    self._mark_vanished(s, list(upserted.unlisted.values()), now))
             if self.last_ingest is not None and self.last_ingest.finished:
                 self._complete_vanished(s, self.last_ingest.finished, now)
 
     @staticmethod
-    def _mark_vanished(s, gone: list[int], now: datetime) -> None:
+    def _mark_vanished(s, gone: list[int], now: datetime) -> dict[int, datetime]:
         """Jobs the store has as active that Slurm no longer reports (``gone``: their
         ``jobs.id``, `UpsertResult.unlisted`, which leaves out every job of the poll)
         ended unseen (purged after MinJobAge before a poll saw their end): COMPLETED if
         their progress has a ``finished`` event, else `VANISHED` (how they ended is
-        not known: not counted as completed). Each gets a "state" job event."""
+        not known: not counted as completed). Each gets a "state" job event. Returns
+        their ``last_seen`` by ``jobs.id`` (their last sighting, kept)."""
         if not gone:
-            return
+            return {}
         finished = set(store.run_core(s, _FINISHED_EVENT, {"ids": gone}).scalars())
+        last_seen: dict[int, datetime] = {}
         for job in s.scalars(select(Job).where(Job.id.in_(gone))):
+            last_seen[job.id] = job.last_seen
             if job.id in finished:
                 state, why = JobState.COMPLETED.value, "its progress says finished"
             else:
@@ -350,6 +375,7 @@ class Daemon:
                                 f"{job.state} -> {state} (no longer reported by Slurm; {why})")
             job.state = state
             job.end_time = job.end_time or now
+        return last_seen
 
     @staticmethod
     def _complete_vanished(s, finished: set[int], now: datetime) -> None:
@@ -386,39 +412,37 @@ class Daemon:
 
     def _note_writers(self, jobs: list[SlurmJob], upserted: store.UpsertResult,
                       now: datetime, complete: bool = True) -> None:
-        """Remember, from one poll, which jobs' progress files may hold lines not read
-        yet, besides the running (completing, suspended) ones `_ingest_in` reads by
-        state: those Slurm shows in a state other than pending (e.g. configuring, or
-        ended and still listed), those the poll gave an event (new, state, size,
-        restart: e.g. a job that started and was requeued between two polls), and
-        those a complete poll found gone (they ended unseen: `_mark_vanished`), each
-        for three poll intervals; and those whose last read left bytes in their file.
-        Entries older than that window are dropped (so finished jobs do not
-        accumulate), and so are the files with bytes left of jobs Slurm no longer lists
-        (``complete`` False: the poll skipped records, so none is dropped). Lists them
-        for `_ingest_in`, but for the jobs the state clause reads and those gone at
-        this poll (still stored as Slurm last showed them: a pending one is read from
-        the next poll, once marked ended)."""
-        writers, ids = self._writers, upserted.ids
-        in_poll = set(ids.values())
+        """Remember, from one poll, which jobs may have written progress lines: those
+        Slurm shows running (or completing, suspended, configuring), and those the
+        poll gave an event (new, state, size, restart: e.g. a job that started and was
+        requeued between two polls). Entries older than the read window are dropped
+        (so finished jobs do not accumulate), and so are the files with bytes left of
+        jobs Slurm no longer lists (they are read while seen lately, as ended jobs
+        are; ``complete`` False: the poll skipped records, so none is dropped). Also
+        lists the pending jobs among them, for `_ingest_in`, and notes the jobs seen
+        in a state other than pending and `_READ_BY_STATE` (`_seen_ended`)."""
+        writers, ids, seen = self._writers, upserted.ids, self._seen_ended
         for jid in upserted.evented:
-            if jid in in_poll:   # (not a finished job's row that Slurm's id moved from)
-                writers[jid] = now
-        by_state: set[int] = set()
-        for sj in jobs:
-            if sj.state != JobState.PENDING and (jid := ids.get(sj.job_id)) is not None:
-                writers[jid] = now
-                if sj.state in _READ_BY_STATE:
-                    by_state.add(jid)
-        gone = set(upserted.unlisted.values()) if complete else set()
-        for jid in gone:
             writers[jid] = now
+        for sj in jobs:
+            if (jid := ids.get(sj.job_id)) is None:
+                continue
+            if sj.state in _WRITING_STATES:
+                writers[jid] = now
+            if sj.state == JobState.PENDING or sj.state.value in _READ_BY_STATE:
+                seen.pop(jid, None)
+            else:
+                seen[jid] = now
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
-        for jid in [j for j, t in writers.items() if t < recent]:
-            del writers[jid]
+        for d in (writers, seen):
+            for jid in [j for j, t in d.items() if t < recent]:
+                del d[jid]
         if self._unread and complete:
-            self._unread &= in_poll
-        self._may_write = sorted((writers.keys() | self._unread) - by_state - gone)
+            self._unread &= set(ids.values())
+        self._pending_writers = sorted(
+            jid for sj in jobs if sj.state == JobState.PENDING
+            and (jid := ids.get(sj.job_id)) is not None
+            and (jid in writers or jid in self._unread))
 
     def ingest(self, now: datetime) -> IngestReport:
         """Read new progress lines of the malleable jobs (and those that just ended),
@@ -451,25 +475,31 @@ class Daemon:
         Whose files are read: the malleable jobs that are active (pending, running,
         completing, suspended) or were seen in the last three poll intervals (their
         last lines, e.g. ``finished``). Once every such file has been read since this
-        process began, the same files are read but for the pending jobs' that cannot
-        have been written since: the running (completing, suspended) jobs', and those
-        `_note_writers` lists, found by id (an index, not a scan of every job the store
-        holds). A pending job's file is read within three poll intervals of a poll
-        that showed the job running or gave it an event, or while its last read left
-        bytes in it (`IngestReport.unread`, until a read drains it). A pending job has
-        no processes, so it writes nothing; the lines it wrote before it stopped are
-        read in that window, and after a restart of the daemon, or while polls skip job
+        process began, a pending job's file is read only while it may hold lines not
+        read yet: within three poll intervals of a poll that showed the job running or
+        gave it an event (`_note_writers`), or while its last read left bytes in it
+        (`IngestReport.unread`, until a read drains it). A pending job has no
+        processes, so it writes nothing; the lines it wrote before it stopped are read
+        in that window, and after a restart of the daemon, or while polls skip job
         records, every file is read. Skipping the other pending jobs' files changes
         no sample or event (a read would find no new bytes); only a file refused for
         a problem (a symlink, another owner) is not checked again while its job
-        pends. (A job found gone is read from the poll after, for three intervals:
-        one more read than its last sighting's window, as it is listed by id.)
+        pends. The jobs seen lately in another state are found by id (`_seen_ended`,
+        filled by the polls and, at a read of every file, from the store), so no
+        ingest but such a read scans every job the store holds.
         """
         recent = now - timedelta(seconds=3 * self.config.daemon.poll_interval_s)
-        if self._read_all and not full and len(self._may_write) <= _MAX_NAMED_WRITERS:
-            rows = store.run_core(s, _TO_INGEST_WRITERS, {"ids": self._may_write}).all()
+        pending = self._pending_writers
+        if self._read_all and not full and len(pending) <= _MAX_NAMED_JOBS:
+            named = pending + sorted(j for j, t in self._seen_ended.items() if t >= recent)
+            if len(named) <= _MAX_NAMED_JOBS:
+                rows = store.run_core(s, _TO_INGEST_WRITERS, {"ids": named}).all()
+            else:
+                rows = store.run_core(s, _TO_INGEST_SCAN, {"recent": recent, "ids": pending}
+                                      ).all()
         else:
             rows = store.run_core(s, _TO_INGEST, {"recent": recent}).all()
+            self._seen_ended = dict(store.run_core(s, _SEEN_ENDED, {"recent": recent}).all())
         report = ingest_progress(
             s, [IngestJob.of(j) for j in rows], self.spool, now=now,
             max_bytes_per_job=self.config.progress.max_bytes_per_job,
@@ -492,8 +522,8 @@ class Daemon:
         self._unread.difference_update(r.id for r in rows)
         self._unread.update(report.unread)
         for jid in report.unread:
-            if jid not in self._may_write:
-                self._may_write.append(jid)
+            if jid not in self._pending_writers:
+                self._pending_writers.append(jid)
         return report
 
     def drive(self, now: datetime, paused: bool) -> DriveReport:

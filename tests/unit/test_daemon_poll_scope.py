@@ -1,10 +1,11 @@
 """What a poll reads: whose progress files (`Daemon._ingest_in`), and which job rows
 (`Daemon.job_rows`, `store.JobRows`).
 
-Once the daemon has read every malleable job's file since it started, a pending or
-ended job's file is read only while it can hold lines not read yet: for three poll
+Once the daemon has read every malleable job's file since it started, a pending
+job's file is read only while it can hold lines not read yet: for three poll
 intervals after a poll showed the job running or gave it an event, and while bytes
-are left past the last read. These tests run the daemon against the simulator's
+are left past the last read. An ended job's file is read while its last sighting is
+within three poll intervals, as before the daemon found those jobs by id. These tests run the daemon against the simulator's
 Slurm (`SimSlurm`) with a real SQLite store, and write the progress lines
 themselves, so that lines appear in files exactly when the test says.
 """
@@ -159,6 +160,35 @@ def test_a_pending_job_that_ends_unseen_is_read_once_marked_ended(tmp_path):
     assert c.job(q) is None
     assert _samples(c, q) == 1
     assert _events(c, q) == ["new", "PENDING -> VANISHED", "finished", "VANISHED -> COMPLETED"]
+
+
+def test_a_restarted_daemon_reads_the_jobs_its_predecessor_saw_end_lately(tmp_path):
+    """The jobs ended and seen in the last three poll intervals are read by their last
+    sighting (`Daemon._seen_ended`): a new daemon learns those its predecessor saw from
+    the store, at its first read (of every file), and reads them after it too."""
+    c = Cluster(tmp_path, nodes=1)
+    c.slurm.min_job_age_s = 0.0
+    p = c.submit(1, 2, RigidJob(1e6), SPEC)
+    c.advance(1)
+    c.daemon.poll_cycle()
+    c.slurm.cancel(p)                                 # ends, purged at once
+    c.advance(10)
+    c.daemon.poll_cycle()                             # P gone: marked ended
+    d = _restarted_daemon(c, tmp_path)
+    c.advance(5)
+    d.poll_cycle()                                    # the first read: every file
+    assert c.db_id(p) in d._seen_ended
+    _line(c, p, 1)   # (an ended job writes nothing; this shows its file is still read)
+    c.advance(5)
+    d.poll_cycle()                                    # 10 s after its last sighting
+    assert _samples(c, p) == 1
+    for _ in range(3):
+        c.advance(10)
+        d.poll_cycle()
+    _line(c, p, 2)
+    c.advance(10)
+    d.poll_cycle()                                    # out of the window: not read
+    assert _samples(c, p) == 1 and c.db_id(p) not in d._seen_ended
 
 
 class _ListedJobs:
