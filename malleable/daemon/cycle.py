@@ -118,6 +118,8 @@ _WRITING_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUS
                              JobState.CONFIGURING})
 # The states `_TO_INGEST` reads whatever the job's last sighting.
 _READ_BY_STATE = ("RUNNING", "COMPLETING", "SUSPENDED")
+# A job stored in one of these is not read by its last sighting (`Daemon._seen_ended`).
+_NOT_BY_SIGHTING = frozenset({JobState.PENDING, *map(JobState, _READ_BY_STATE)})
 # The same jobs as `_TO_INGEST` less the pending ones that cannot have written since the
 # last read (`Daemon._ingest_in`), found by index: the jobs in those states, and by id
 # (:ids) the pending ones that may have written and the others seen since ``recent``
@@ -429,7 +431,7 @@ class Daemon:
                 continue
             if sj.state in _WRITING_STATES:
                 writers[jid] = now
-            if sj.state == JobState.PENDING or sj.state.value in _READ_BY_STATE:
+            if sj.state in _NOT_BY_SIGHTING:
                 seen.pop(jid, None)
             else:
                 seen[jid] = now

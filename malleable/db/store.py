@@ -171,8 +171,6 @@ _UPSERT_SELECT_OR_IN_STATES = select(*_UPSERT_COLUMNS).where(
     | Job.__table__.c.state.in_(bindparam("states", expanding=True)))
 _INSERT_JOB = insert(Job.__table__).returning(Job.__table__.c.id)
 _RUNNING = JobState.RUNNING.value   # (an enum member's value is slow to read in a loop)
-# The columns of a running job's update when nothing else changed.
-_SEEN_RUNNING = ("last_seen", "attained_gpu_s")
 # Jobs whose only change is the poll's time: one UPDATE per 500 of them.
 _TOUCH_JOBS = (update(Job.__table__)
                .where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
@@ -397,11 +395,18 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     def write(sid: str, jid: int, job: dict[str, Any], diff: dict[str, Any], sig: tuple) -> None:
         # Only what changed is written: a job whose only change is the poll's time is
         # touched with the others.
-        if len(diff) == 2 and diff["attained_gpu_s"] == job["attained_gpu_s"]:
+        only_seen = len(diff) == 2 and diff["attained_gpu_s"] == job["attained_gpu_s"]
+        if only_seen:
             touched.append(jid)
         else:
             updates.setdefault(tuple(diff), []).append({"_id": jid, **diff})
-        if known is not None:
+        if known is None:
+            return
+        if job.get("_sig") == sig:   # a kept row, the same but for the poll's time
+            # (kept as it is unless the job runs: no copy per poll of a waiting job)
+            written[sid] = job if only_seen else JobRow(job, attained_gpu_s=diff[
+                "attained_gpu_s"])
+        else:
             written[sid] = JobRow({k: diff.get(k, job[k]) for k in _KEPT_KEYS}, _sig=sig)
 
     for sid, sj in incoming.items():
@@ -409,16 +414,10 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         sig = _signature(sj)
         if known is not None and job is not None and job.get("_sig") == sig:
             # Nothing Slurm shows changed since this caller's last write: no event, no
-            # field to compare; the kept row stays as it is unless the job runs.
+            # field to compare.
             jid = ids[sid] = job["id"]
-            attained = _attained(job, now, seen)
-            if attained == job["attained_gpu_s"]:
-                touched.append(jid)
-                written[sid] = job
-            else:
-                updates.setdefault(_SEEN_RUNNING, []).append(
-                    {"_id": jid, "last_seen": now, "attained_gpu_s": attained})
-                written[sid] = JobRow(job, attained_gpu_s=attained)
+            write(sid, jid, job, {"last_seen": now, "attained_gpu_s": _attained(job, now, seen)},
+                  sig)
             continue
         if job is not None and reused_id(job, sj):
             # A new job: the finished one keeps its rows under another id, and its
