@@ -120,6 +120,7 @@ _WRITING_STATES = frozenset({JobState.RUNNING, JobState.COMPLETING, JobState.SUS
 _READ_BY_STATE = ("RUNNING", "COMPLETING", "SUSPENDED")
 # A job stored in one of these is not read by its last sighting (`Daemon._seen_ended`).
 _NOT_BY_SIGHTING = frozenset({JobState.PENDING, *map(JobState, _READ_BY_STATE)})
+_PENDING = JobState.PENDING
 # The same jobs as `_TO_INGEST` less the pending ones that cannot have written since the
 # last read (`Daemon._ingest_in`), found by index: the jobs in those states, and by id
 # (:ids) the pending ones that may have written and the others seen since ``recent``
@@ -307,8 +308,9 @@ class Daemon:
         if self._rows_at is None or (now - self._rows_at).total_seconds() > \
                 self.config.daemon.lease_timeout_s:
             self.job_rows.clear()   # (a long gap: another daemon may have written rows)
+        observed = {j.job_id: j for j in jobs}
         try:
-            self._poll_in(jobs, now, skipped, ingest)
+            self._poll_in(jobs, observed, now, skipped, ingest)
         except BaseException:
             self.job_rows.clear()   # (not committed: the kept rows may be ahead of the store)
             if ingest:
@@ -317,19 +319,20 @@ class Daemon:
         self._rows_at = now
         if ingest and not skipped and not self._spool_error:
             self._read_all = True   # (committed: what a full read saw is stored)
-        self.observed = {j.job_id: j for j in jobs}
+        self.observed = observed
         self.poll_ok = True
         self.poll_incomplete = bool(skipped)
         self._lookups = {}
         return True
 
-    def _poll_in(self, jobs: list[SlurmJob], now: datetime, skipped: list,
-                 ingest: bool) -> None:
-        """`poll`'s transaction: jobs and events, the operator's settings, ingestion."""
+    def _poll_in(self, jobs: list[SlurmJob], observed: dict[str, SlurmJob], now: datetime,
+                 skipped: list, ingest: bool) -> None:
+        """`poll`'s transaction: jobs and events, the operator's settings, ingestion.
+        ``observed``: ``jobs`` by id."""
         with self.sessions() as s, s.begin():
             # The active jobs the poll does not list come with the upsert's own read
             # (or from the rows this daemon last wrote: it is their only writer).
-            upserted = store.upsert_jobs(s, jobs, now, parse_spec=spec_as_dict,
+            upserted = store.upsert_jobs(s, observed, now, parse_spec=spec_as_dict,
                                          unlisted_in=() if skipped else _ACTIVE_STATES,
                                          known=self.job_rows)
             self.inputs_cache.forget(upserted.resized)
@@ -426,12 +429,18 @@ class Daemon:
         writers, ids, seen = self._writers, upserted.ids, self._seen_ended
         for jid in upserted.evented:
             writers[jid] = now
+        pending = []
         for sj in jobs:
             if (jid := ids.get(sj.job_id)) is None:
                 continue
-            if sj.state in _WRITING_STATES:
+            state = sj.state
+            if state is _PENDING:   # (most of a queue: one identity test, no enum hash)
+                pending.append(jid)
+                seen.pop(jid, None)
+                continue
+            if state in _WRITING_STATES:
                 writers[jid] = now
-            if sj.state in _NOT_BY_SIGHTING:
+            if state in _NOT_BY_SIGHTING:
                 seen.pop(jid, None)
             else:
                 seen[jid] = now
@@ -441,10 +450,9 @@ class Daemon:
                 del d[jid]
         if self._unread and complete:
             self._unread &= set(ids.values())
+        unread = self._unread
         self._pending_writers = sorted(
-            jid for sj in jobs if sj.state == JobState.PENDING
-            and (jid := ids.get(sj.job_id)) is not None
-            and (jid in writers or jid in self._unread))
+            jid for jid in pending if jid in writers or jid in unread)
 
     def ingest(self, now: datetime) -> IngestReport:
         """Read new progress lines of the malleable jobs (and those that just ended),

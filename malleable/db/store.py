@@ -249,7 +249,8 @@ class JobRows:
 
     What it holds: Slurm id -> the row's columns ``_UPSERT_KEYS`` but ``last_seen``
     (`JobRow`; every kept job was in the last poll, so its ``last_seen`` is
-    ``seen_at``, that poll's time), for
+    ``seen_at``, that poll's time; and, under ``_sig`` and ``_src``, what was
+    compared of the `SlurmJob` it was written from and that record itself), for
     the jobs whose state after the last upsert is one of that call's ``unlisted_in``
     states (unfinished). Finished jobs are not kept (retention deletes only finished
     jobs, so no kept row is deleted under it); nor are the ``unlisted`` jobs an upsert
@@ -308,7 +309,8 @@ def _attained(job: Mapping[str, Any], now: datetime, seen: datetime | None = Non
     return job["attained_gpu_s"]   # unchanged: see `upsert_jobs`'s docstring
 
 
-def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
+def upsert_jobs(session: Session, jobs: Iterable[SlurmJob] | dict[str, SlurmJob],
+                now: datetime, *,
                 parse_spec: SpecParser | None = None,
                 unlisted_in: Collection[str] = (),
                 known: JobRows | None = None) -> UpsertResult:
@@ -330,7 +332,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
 
     Args:
         session: an open read-write session (the caller commits).
-        jobs: what Slurm reports now (`SlurmJob`, one poll).
+        jobs: what Slurm reports now (`SlurmJob`, one poll), or a dict of them by
+            ``job_id`` (as the caller keeps them: not copied).
         now: the poll's time (aware UTC); becomes ``last_seen`` (and ``first_seen``
             for new jobs) and the events' time.
         parse_spec: called with the job's comment when it is new or changed;
@@ -347,13 +350,14 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             are found in it too. Updated here with what this call writes. The
             same rows, events and result as without it, as long as the caller is
             the only writer of job rows (see `JobRows`). A kept job whose values in
-            Slurm are those of the last write (its kept signature) gets only its poll
-            time written, and attained service while it runs.
+            Slurm are those of the last write (its kept signature, or the very
+            `SlurmJob` object it was written from: records are frozen) gets only its
+            poll time written, and attained service while it runs.
 
     Returns:
         An `UpsertResult` with counts and the ``jobs.id`` of every job given.
     """
-    incoming = {j.job_id: j for j in jobs}
+    incoming = jobs if isinstance(jobs, dict) else {j.job_id: j for j in jobs}
     t = Job.__table__
     existing: dict[str, dict[str, Any]] = {}
     unlisted: dict[str, int] = {}
@@ -392,7 +396,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
     moved: dict[str, int] = {}   # Slurm id -> jobs.id of the finished job that had it
     written: dict[str, dict[str, Any]] = {}   # Slurm id -> the row as written, for ``known``
 
-    def write(sid: str, jid: int, job: dict[str, Any], diff: dict[str, Any], sig: tuple) -> None:
+    def write(sid: str, jid: int, job: dict[str, Any], diff: dict[str, Any], sig: tuple,
+              src: SlurmJob) -> None:
         # Only what changed is written: a job whose only change is the poll's time is
         # touched with the others.
         only_seen = len(diff) == 2 and diff["attained_gpu_s"] == job["attained_gpu_s"]
@@ -403,22 +408,35 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         if known is None:
             return
         if job.get("_sig") == sig:   # a kept row, the same but for the poll's time
-            # (kept as it is unless the job runs: no copy per poll of a waiting job)
             written[sid] = job if only_seen else JobRow(job, attained_gpu_s=diff[
                 "attained_gpu_s"])
         else:
-            written[sid] = JobRow({k: diff.get(k, job[k]) for k in _KEPT_KEYS}, _sig=sig)
+            written[sid] = JobRow({k: diff.get(k, job[k]) for k in _KEPT_KEYS}, _sig=sig,
+                                  _src=src)
 
-    for sid, sj in incoming.items():
+    for sid, src in incoming.items():
         job = existing.get(sid)
-        sig = _signature(sj)
+        if job is not None and job.get("_src") is src:
+            # A kept row written from this very record (records are frozen; a client
+            # may return the same object for an unchanged job, as the simulator's does):
+            # nothing Slurm shows changed, no signature to build or compare.
+            jid = ids[sid] = job["id"]
+            if job["state"] != _RUNNING:
+                touched.append(jid)   # (the kept row stays as it is: no copy, no write)
+            else:
+                write(sid, jid, job, {"last_seen": now,
+                                      "attained_gpu_s": _attained(job, now, seen)},
+                      job["_sig"], src)
+            continue
+        sig = _signature(src)
         if known is not None and job is not None and job.get("_sig") == sig:
             # Nothing Slurm shows changed since this caller's last write: no event, no
-            # field to compare.
+            # field to compare. (The kept row keeps the record it was written from.)
             jid = ids[sid] = job["id"]
             write(sid, jid, job, {"last_seen": now, "attained_gpu_s": _attained(job, now, seen)},
-                  sig)
+                  sig, src)
             continue
+        sj = src
         if job is not None and reused_id(job, sj):
             # A new job: the finished one keeps its rows under another id, and its
             # progress file's read position passes to the new job (the new job appends
@@ -445,7 +463,8 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
             jid = run_core(session, _INSERT_JOB, row).scalar_one()
             ids[sid] = jid
             if known is not None:
-                written[sid] = JobRow({k: row.get(k) for k in _KEPT_KEYS}, id=jid, _sig=sig)
+                written[sid] = JobRow({k: row.get(k) for k in _KEPT_KEYS}, id=jid, _sig=sig,
+                                      _src=sj)
             if sid in moved:
                 run_core(session, _MOVE_PROGRESS_FILE, {"_old": moved[sid], "_new": jid})
             events.append(_event(jid, now, "new", new_state=state, new_gpus=sj.gpus,
@@ -471,7 +490,7 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob], now: datetime, *,
         for attr, value in values.items():
             if job[attr] != value:
                 diff[attr] = value
-        write(sid, jid, job, diff, sig)
+        write(sid, jid, job, diff, sig, sj)
     for part in _chunks(touched):
         run_core(session, _TOUCH_JOBS, {"ids": list(part), "now": now})
     for keys, rows in updates.items():

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from malleable.progress.reporter import PLAN_SUFFIX, parse_plan
 from malleable.sim.engine import Event
@@ -62,9 +63,65 @@ def write_progress_line(path: Path, record: dict[str, Any]) -> None:
     Raises:
         OSError: the file cannot be opened or written.
     """
-    line = json.dumps(record, separators=(",", ":"), allow_nan=False)
     with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
+        fh.write(_line(record))
+
+
+def _line(record: dict[str, Any]) -> str:
+    """``record`` as one compact JSON line with its newline (keys in the given order)."""
+    return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+class ProgressFiles:
+    """A `ProgressSink` that keeps the progress files it appends to open (at most
+    ``max_open`` of them; the least recently written is closed first), instead of
+    opening and closing a file per line as `write_progress_line` does: a run's jobs
+    write a line every report interval each.
+
+    A line is written whole and flushed before the call returns (line-buffered), so
+    a reader sees it at once, as it would see `write_progress_line`'s. `close`
+    closes every file (also on leaving a ``with`` block).
+
+    Args:
+        max_open: open files kept, >= 1 (default 256, well under the usual limit of
+            1,024 descriptors per process).
+
+    Raises:
+        ValueError: ``max_open`` < 1.
+        OSError: (when called) the file cannot be opened or written.
+    """
+
+    def __init__(self, max_open: int = 256):
+        if not isinstance(max_open, int) or max_open < 1:
+            raise ValueError(f"max_open must be an integer >= 1, got {max_open!r}")
+        self.max_open = max_open
+        self._files: OrderedDict[Path, TextIO] = OrderedDict()
+
+    def __call__(self, path: Path, record: dict[str, Any]) -> None:
+        line = _line(record)
+        files = self._files
+        fh = files.get(path)
+        if fh is None:
+            if len(files) >= self.max_open:
+                files.popitem(last=False)[1].close()
+            fh = files[path] = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        else:
+            files.move_to_end(path)
+        fh.write(line)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def close(self) -> None:
+        """Close every open file (a later call opens its file again)."""
+        while self._files:
+            self._files.popitem(last=False)[1].close()
+
+    def __enter__(self) -> ProgressFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def progress_record(*, t: float, job: str, event: str, step: int, samples: int, gpus: int,

@@ -105,7 +105,7 @@ from malleable.db.engine import make_engine, session_factory
 from malleable.db.models import Action, Decision, Job, Setting, Target
 from malleable.db.retention import apply_retention
 from malleable.sim.engine import PRIORITY_LATE, Engine
-from malleable.sim.jobs import write_progress_line
+from malleable.sim.jobs import ProgressFiles
 from malleable.sim.jobsetup import DEFAULT_SETUP, JobSetup, PreparedJob, prepare_jobs, program_for
 from malleable.sim.metrics import JobOutcome, summarize
 from malleable.sim.slurm import SimSlurm
@@ -408,9 +408,10 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
     by_name = {p.trace.name: p for p in prepared}
 
     written = [0, 0]   # progress records written so far; that many when last ingested
+    files = ProgressFiles()   # (closed when the run ends)
 
     def sink(path: Path, record: dict) -> None:
-        write_progress_line(path, record)
+        files(path, record)
         written[0] += 1
 
     def build(t: TraceJob):
@@ -522,6 +523,7 @@ def _run(prepared: list[PreparedJob], config: Config, options: SimOptions, workd
                          sim_s=end,
                          finished=finished, unfinished=unfinished)
     finally:
+        files.close()
         db_engine.dispose()
 
 

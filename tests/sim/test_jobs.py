@@ -12,6 +12,7 @@ from malleable.progress.lines import ProgressRecord, parse_line
 from malleable.sim.engine import Engine
 from malleable.sim.jobs import (
     ProfileJob,
+    ProgressFiles,
     RigidJob,
     progress_path,
     progress_record,
@@ -79,6 +80,29 @@ def test_progress_lines_have_exactly_the_documented_keys_in_order(tmp_path):
     write_progress_line(f, minimal)
     text = f.read_text()
     assert text.count("\n") == 2 and text.startswith('{"v":1,"t":1.235,"job":"7"')
+
+
+def test_kept_open_progress_files_hold_each_line_as_soon_as_it_is_written(tmp_path):
+    # ProgressFiles keeps at most max_open files open; every line is readable by
+    # another file object once the call returns, and the files end as
+    # write_progress_line writes them.
+    recs = [progress_record(t=float(i), job=str(i % 3), event="progress", step=i, samples=i,
+                            gpus=1, nodes=1, batch=4, restart=0) for i in range(9)]
+    with ProgressFiles(max_open=2) as files:
+        for i, rec in enumerate(recs):
+            files(tmp_path / f"{i % 3}.jsonl", rec)
+            assert len(files) == min(i + 1, 2)
+            got = [json.loads(x) for x in (tmp_path / f"{i % 3}.jsonl").read_text()
+                   .splitlines()]
+            assert got[-1] == rec and len(got) == i // 3 + 1
+    assert len(files) == 0
+    for j in range(3):
+        write_progress_line(tmp_path / f"ref{j}.jsonl", recs[j])
+        for rec in recs[j + 3::3]:
+            write_progress_line(tmp_path / f"ref{j}.jsonl", rec)
+        assert (tmp_path / f"{j}.jsonl").read_bytes() == (tmp_path / f"ref{j}.jsonl").read_bytes()
+    with pytest.raises(ValueError, match="max_open must be an integer >= 1, got 0"):
+        ProgressFiles(max_open=0)
 
 
 def test_checkpoint_signal_save_then_requeue_resumes_from_the_checkpoint_at_a_new_size(tmp_path):
