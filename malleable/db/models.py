@@ -289,7 +289,9 @@ class Setting(Base):
     """A key/value setting that admin commands change while the daemon runs.
 
     Keys in use: "paused" (bool), "policy.name" (str), "policy.params" (object),
-    "schema.written_by" (the malleable version that last migrated the schema).
+    "schema.written_by" (the malleable version that last migrated the schema),
+    "retention.thinned.progress_samples" and "retention.thinned.estimates"
+    (object: the last thinning run's `malleable.db.retention.ThinMark`).
     """
 
     __tablename__ = "settings"

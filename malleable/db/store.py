@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -28,11 +29,13 @@ from sqlalchemy import (
     Executable,
     Row,
     Select,
+    String,
     bindparam,
     delete,
     func,
     insert,
     select,
+    text,
     type_coerce,
     update,
 )
@@ -106,6 +109,15 @@ def run_core(session: Session, statement: Executable, params: Any = None) -> Cur
     return session.connection().execute(statement, params)
 
 
+def _json_each(session: Session) -> bool:
+    """Whether the session's database is SQLite with ``json_each``: built in since
+    SQLite 3.38.0 (older libraries: the chunked statement instead)."""
+    return session.get_bind().dialect.name == "sqlite" and _SQLITE_JSON
+
+
+_SQLITE_JSON = sqlite3.sqlite_version_info >= (3, 38, 0)
+
+
 def _chunks(seq: Sequence, n: int = _CHUNK) -> Iterable[Sequence]:
     for i in range(0, len(seq), n):
         yield seq[i:i + n]
@@ -175,6 +187,13 @@ _RUNNING = JobState.RUNNING.value   # (an enum member's value is slow to read in
 _TOUCH_JOBS = (update(Job.__table__)
                .where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
                .values(last_seen=bindparam("now", type_=Job.__table__.c.last_seen.type)))
+# The same for any number of jobs in one statement on SQLite with JSON functions (3.38+,
+# or built with JSON1): the ids as one JSON array (no parameter per id to render and
+# bind; SQLite walks the array and looks each id up by its key).
+_TOUCH_JOBS_JSON = (update(Job.__table__)
+                    .where(text("jobs.id IN (SELECT value FROM json_each(:ids_json))")
+                           .bindparams(bindparam("ids_json", type_=String())))
+                    .values(last_seen=bindparam("now", type_=Job.__table__.c.last_seen.type)))
 _RENAME_JOB = (update(Job.__table__).where(Job.__table__.c.id == bindparam("_id"))
                .values(slurm_job_id=bindparam("_sid")))
 _MOVE_PROGRESS_FILE = (update(ProgressFile.__table__)
@@ -491,8 +510,11 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob] | dict[str, SlurmJob]
             if job[attr] != value:
                 diff[attr] = value
         write(sid, jid, job, diff, sig, sj)
-    for part in _chunks(touched):
-        run_core(session, _TOUCH_JOBS, {"ids": list(part), "now": now})
+    if touched and _json_each(session):
+        run_core(session, _TOUCH_JOBS_JSON, {"ids_json": json.dumps(touched), "now": now})
+    else:
+        for part in _chunks(touched):
+            run_core(session, _TOUCH_JOBS, {"ids": list(part), "now": now})
     for keys, rows in updates.items():
         run_core(session, _update_by_id(t, keys),
                  [{"_id": r["_id"], **{f"v_{k}": r[k] for k in keys}} for r in rows])

@@ -162,3 +162,4 @@ def test_a_job_row_reads_its_columns_as_items_and_attributes_and_copies_whole():
         other["state"] = "RUNNING"
         assert other.state == "RUNNING" and row.state == "PENDING"
 
+

@@ -376,14 +376,22 @@ def test_upsert_of_unchanged_jobs_is_two_updates_and_keeps_attained_service(engi
     assert got == {"1": (t1, 20.0), "2": (t1, 0.0), "3": (t1, 0.0)}
 
 
-def test_upsert_touches_many_idle_jobs_in_chunks_of_500(engine, Session):
+@pytest.mark.parametrize("json_each", [True, False])
+def test_upsert_touches_many_idle_jobs_in_one_statement_or_chunks_of_500(
+        engine, Session, monkeypatch, json_each):
+    # SQLite 3.38+ (json_each): the ids as one JSON array; otherwise IN lists of 500.
+    monkeypatch.setattr(store, "_SQLITE_JSON", json_each)
     queue = [sj(str(i)) for i in range(1, 1202)]
     with Session() as s, s.begin():
         store.upsert_jobs(s, queue, T0)
     t1 = T0 + timedelta(seconds=30)
     with Session() as s, s.begin(), Statements(engine) as st:
         store.upsert_jobs(s, queue, t1)
-    assert st.count("UPDATE jobs SET last_seen=? WHERE jobs.id IN") == 3   # 500 + 500 + 201
+    if json_each:
+        assert st.count("UPDATE jobs SET last_seen=? WHERE jobs.id IN (SELECT value FROM "
+                        "json_each(?))") == 1
+    else:
+        assert st.count("UPDATE jobs SET last_seen=? WHERE jobs.id IN") == 3   # 500+500+201
     with Session() as s:
         assert set(s.scalars(select(Job.last_seen))) == {t1}
 
