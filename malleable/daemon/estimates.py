@@ -208,6 +208,10 @@ class EstimatorBook:
         self._priors_key: tuple | None = None
         self._priors: tuple[GroupPrior, WorkHistory] | None = None
         self._group_priors: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}
+        # The finished jobs by group (indices into `finished`) and their group numbers,
+        # for the first len(self._history_groups) finished jobs (`finished` only grows).
+        self._members: dict[str, list[int]] = {}
+        self._history_groups: list[int] = []
 
     # ------------------------------------------------------------------ rows
 
@@ -311,9 +315,12 @@ class EstimatorBook:
         fk = self.finished
         key = (len(fk.group), len(groups))   # (numbers are never reassigned: `_number_groups`)
         if key != self._priors_key or self._priors is None:
-            members: dict[str, list[int]] = {}
-            for i, g in enumerate(fk.group):
+            # Only the jobs finished since the last build are added (not all, per cycle).
+            members, hgroups = self._members, self._history_groups
+            for i in range(len(hgroups), len(fk.group)):
+                g = fk.group[i]
                 members.setdefault(g, []).append(i)
+                hgroups.append(groups[g])
             for g, idx in members.items():
                 if self._group_priors.get(g, (0,))[0] != len(idx):
                     one = group_prior(ThroughputParams.from_u(np.array([fk.u[i] for i in idx])),
@@ -326,7 +333,7 @@ class EstimatorBook:
                             np.array([self._group_priors[g][1] for g in names]),
                             np.array([self._group_priors[g][2] for g in names]),
                             MIN_PRIOR_LOG_SD)
-            hg = np.array([groups[g] for g in fk.group], np.int64)
+            hg = np.array(hgroups, np.int64)
             self._priors = gp, WorkHistory(np.array(fk.total_work), hg)
             self._priors_key = key
         return self._priors
