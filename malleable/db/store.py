@@ -187,8 +187,8 @@ _RUNNING = JobState.RUNNING.value   # (an enum member's value is slow to read in
 _TOUCH_JOBS = (update(Job.__table__)
                .where(Job.__table__.c.id.in_(bindparam("ids", expanding=True)))
                .values(last_seen=bindparam("now", type_=Job.__table__.c.last_seen.type)))
-# The same for any number of jobs in one statement on SQLite with JSON functions (3.38+,
-# or built with JSON1): the ids as one JSON array (no parameter per id to render and
+# The same for any number of jobs in one statement on SQLite 3.38+ (JSON functions built
+# in; `_json_each`): the ids as one JSON array (no parameter per id to render and
 # bind; SQLite walks the array and looks each id up by its key).
 _TOUCH_JOBS_JSON = (update(Job.__table__)
                     .where(text("jobs.id IN (SELECT value FROM json_each(:ids_json))")
@@ -433,9 +433,9 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob] | dict[str, SlurmJob]
             written[sid] = JobRow({k: diff.get(k, job[k]) for k in _KEPT_KEYS}, _sig=sig,
                                   _src=src)
 
-    for sid, src in incoming.items():
+    for sid, sj in incoming.items():
         job = existing.get(sid)
-        if job is not None and job.get("_src") is src:
+        if job is not None and job.get("_src") is sj:
             # A kept row written from this very record (records are frozen; a client
             # may return the same object for an unchanged job, as the simulator's does):
             # nothing Slurm shows changed, no signature to build or compare.
@@ -445,17 +445,16 @@ def upsert_jobs(session: Session, jobs: Iterable[SlurmJob] | dict[str, SlurmJob]
             else:
                 write(sid, jid, job, {"last_seen": now,
                                       "attained_gpu_s": _attained(job, now, seen)},
-                      job["_sig"], src)
+                      job["_sig"], sj)
             continue
-        sig = _signature(src)
+        sig = _signature(sj)
         if known is not None and job is not None and job.get("_sig") == sig:
             # Nothing Slurm shows changed since this caller's last write: no event, no
             # field to compare. (The kept row keeps the record it was written from.)
             jid = ids[sid] = job["id"]
             write(sid, jid, job, {"last_seen": now, "attained_gpu_s": _attained(job, now, seen)},
-                  sig, src)
+                  sig, sj)
             continue
-        sj = src
         if job is not None and reused_id(job, sj):
             # A new job: the finished one keeps its rows under another id, and its
             # progress file's read position passes to the new job (the new job appends
